@@ -1,0 +1,198 @@
+"""Accounting invariants of the allocator [I1 .. I6].
+
+Each predicate takes plain observed data and returns the `Violation`s it finds (an
+empty list: the invariant holds). They never look at the order of a free list or at
+which free page an allocator chose: only counts, sets and ownership (MODEL-5).
+
+Observed data:
+  * `PoolState`: one pool's free pages (a multiset) and pages waiting in a free group;
+  * the full->SWA `mapping` as a sequence of slot ids;
+  * `HeldSequence`s: what the caller holds, one row of full slots per sequence, and the
+    first position whose SWA peer is still live (below it the SWA KV was released or
+    never allocated, as for the head of a PD-decode tail).
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .notation import MAPPING_SENTINEL, NO_SWA_PEER, PADDING_PAGE, PageId, Position, SlotId, Violation
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """One pool as observed: `num_pages` allocatable pages with ids 1..num_pages."""
+
+    name: str
+    page_size: int
+    num_pages: int
+    free_pages: tuple[PageId, ...]
+    pending_pages: tuple[PageId, ...] = ()
+    """Pages freed inside an open free group: no longer the caller's, not yet free."""
+
+
+@dataclass(frozen=True)
+class HeldSequence:
+    """A run of positions `0 .. len(row)-1` the caller holds, as the allocator placed them."""
+
+    row: tuple[SlotId, ...]
+    swa_live_from: Position = 0
+    """Positions below this have no live SWA peer (released, or a tail's head)."""
+    first_position: Position = 0
+    """Positions below this are not held by this sequence (a prefix owned elsewhere)."""
+
+    def held_positions(self) -> range:
+        return range(self.first_position, len(self.row))
+
+    def swa_live_positions(self) -> range:
+        return range(max(self.first_position, self.swa_live_from), len(self.row))
+
+
+def free_list_violations(pool: PoolState) -> list[Violation]:
+    """[I1] A free list holds each page at most once, never the padding page, only ids
+    of the pool, and never a page that is also waiting in a free group."""
+    found = []
+    counts = Counter(pool.free_pages)
+    for page, count in sorted(counts.items()):
+        if page == PADDING_PAGE:
+            found.append(Violation("I1", f"{pool.name} pool: padding page 0 is in the free list"))
+        elif not 1 <= page <= pool.num_pages:
+            found.append(Violation("I1", f"{pool.name} pool: page {page} is not a page of the pool (1..{pool.num_pages})"))
+        if count > 1:
+            found.append(Violation("I1", f"{pool.name} pool: page {page} is {count} times in the free list"))
+    for page in sorted(set(pool.pending_pages) & set(counts)):
+        found.append(Violation("I1", f"{pool.name} pool: page {page} is free and also pending in a free group"))
+    return found
+
+
+def pages_of(slots: Iterable[SlotId], page_size: int) -> set[PageId]:
+    """The pages the given slots lie on."""
+    return {slot // page_size for slot in slots}
+
+
+def held_full_pages(sequences: Sequence[HeldSequence], page_size: int) -> list[PageId]:
+    """Full pages held, once per sequence that holds them (a multiset across sequences)."""
+    held = []
+    for sequence in sequences:
+        held.extend(pages_of((sequence.row[p] for p in sequence.held_positions()), page_size))
+    return held
+
+
+def held_swa_pages(sequences: Sequence[HeldSequence], mapping: Sequence[SlotId],
+                   page_size: int) -> list[PageId]:
+    """SWA pages held through the mapping of each sequence's live-SWA positions."""
+    held = []
+    for sequence in sequences:
+        peers = (mapping[sequence.row[p]] for p in sequence.swa_live_positions())
+        held.extend(pages_of((peer for peer in peers if peer > 0), page_size))
+    return held
+
+
+def conservation_violations(pool: PoolState, held_pages: Sequence[PageId], clause: str) -> list[Violation]:
+    """[I2 full pool, I3 SWA pool] Every page is accounted for exactly once:
+    free + pending + held == all pages. A leak shows as too few, a double
+    allocation or a double free as too many."""
+    accounted = len(pool.free_pages) + len(pool.pending_pages) + len(held_pages)
+    if accounted == pool.num_pages:
+        return []
+    return [Violation(clause, (
+        f"{pool.name} pool: {len(pool.free_pages)} free + {len(pool.pending_pages)} pending + "
+        f"{len(held_pages)} held = {accounted} pages, but the pool has {pool.num_pages}"
+        + (" (leaked pages)" if accounted < pool.num_pages else " (a page counted twice)")))]
+
+
+def ownership_violations(pool: PoolState, held_pages: Sequence[PageId]) -> list[Violation]:
+    """[I4] A held page has exactly one holder and is neither free nor pending."""
+    found = []
+    for page, count in sorted(Counter(held_pages).items()):
+        if count > 1:
+            found.append(Violation("I4", f"{pool.name} pool: page {page} is held by {count} owners"))
+    for page in sorted(set(held_pages) & (set(pool.free_pages) | set(pool.pending_pages))):
+        found.append(Violation("I4", f"{pool.name} pool: held page {page} is also free or pending"))
+    return found
+
+
+def mapping_violations(mapping: Sequence[SlotId], size_full: int, page_size: int,
+                       sequences: Sequence[HeldSequence], swa: PoolState) -> list[Violation]:
+    """[I5] The full->SWA mapping: (a) its shape and sentinel; (b) every live-SWA
+    position maps to an SWA slot that is not free; (c) no two live full slots share
+    an SWA slot; (d) page-in-step: same in-page offset, one SWA page per full page;
+    (e) every other full slot maps to 0."""
+    found = []
+    if len(mapping) != size_full + page_size + 1 or mapping[-1] != MAPPING_SENTINEL:
+        found.append(Violation("I5", f"mapping must have {size_full + page_size + 1} entries ending in -1 "
+                                     f"(has {len(mapping)}, last {mapping[-1] if mapping else None})"))
+        return found
+    swa_free = set(swa.free_pages) | set(swa.pending_pages)
+    live: dict[SlotId, SlotId] = {}
+    for sequence in sequences:
+        for position in sequence.swa_live_positions():
+            full_slot = sequence.row[position]
+            peer = mapping[full_slot]
+            live[full_slot] = peer
+            if peer <= 0:
+                found.append(Violation("I5", f"position {position} (full slot {full_slot}) has live SWA KV but maps to {peer}"))
+            elif peer // page_size in swa_free:
+                found.append(Violation("I5", f"full slot {full_slot} maps to SWA slot {peer}, whose page is free"))
+            elif peer % page_size != full_slot % page_size:
+                found.append(Violation("I5", f"full slot {full_slot} maps to SWA slot {peer} at another in-page offset"))
+    owners: dict[SlotId, SlotId] = {}
+    swa_page_of_full_page: dict[PageId, PageId] = {}
+    for full_slot, peer in sorted(live.items()):
+        if peer <= 0:
+            continue
+        if peer in owners:
+            found.append(Violation("I5", f"full slots {owners[peer]} and {full_slot} share SWA slot {peer}"))
+        owners[peer] = full_slot
+        full_page = full_slot // page_size
+        first = swa_page_of_full_page.setdefault(full_page, peer // page_size)
+        if first != peer // page_size:
+            found.append(Violation("I5", f"full page {full_page} maps into SWA pages {first} and {peer // page_size}"))
+    for full_slot in range(size_full + page_size):
+        if full_slot not in live and mapping[full_slot] != NO_SWA_PEER:
+            found.append(Violation("I5", f"full slot {full_slot} holds no live SWA position but maps to {mapping[full_slot]} (stale mapping)"))
+    return found
+
+
+def alignment_violations(sequences: Sequence[HeldSequence], page_size: int) -> list[Violation]:
+    """[I6] Each position sits at its own in-page offset (PAGE-4), positions of one page
+    share one slot page, and the SWA-live boundary is page aligned."""
+    found = []
+    for index, sequence in enumerate(sequences):
+        row = sequence.row
+        for position in sequence.held_positions():
+            if row[position] % page_size != position % page_size:
+                found.append(Violation("I6", f"sequence {index}: position {position} at slot {row[position]}, another in-page offset"))
+            if position % page_size != 0 and position - 1 >= 0 and row[position] != row[position - 1] + 1:
+                found.append(Violation("I6", f"sequence {index}: positions {position - 1} and {position} share a page but not a slot page"))
+        boundary = max(sequence.first_position, sequence.swa_live_from)
+        if boundary % page_size != 0 and boundary < len(row):
+            found.append(Violation("I6", f"sequence {index}: SWA-live boundary {boundary} is not page aligned"))
+    return found
+
+
+@dataclass(frozen=True)
+class AllocatorState:
+    """Everything observable of a hybrid allocator at a quiescent point."""
+
+    page_size: int
+    size_full: int
+    full: PoolState
+    swa: PoolState
+    mapping: tuple[SlotId, ...]
+
+
+def allocator_violations(state: AllocatorState, sequences: Sequence[HeldSequence]) -> list[Violation]:
+    """Every allocator invariant (I1-I6) of `state` while the caller holds `sequences`."""
+    full_held = held_full_pages(sequences, state.page_size)
+    swa_held = held_swa_pages(sequences, state.mapping, state.page_size)
+    return [
+        *free_list_violations(state.full),
+        *free_list_violations(state.swa),
+        *conservation_violations(state.full, full_held, "I2"),
+        *conservation_violations(state.swa, swa_held, "I3"),
+        *ownership_violations(state.full, full_held),
+        *ownership_violations(state.swa, swa_held),
+        *mapping_violations(state.mapping, state.size_full, state.page_size, sequences, state.swa),
+        *alignment_violations(sequences, state.page_size),
+    ]

@@ -1,0 +1,48 @@
+"""Outcomes [MODEL-3]: how an operation ends when it does not simply succeed.
+
+An allocation that cannot be served *returns* `OutOfMemory` and changes nothing (ALLOC-4).
+A call that breaks an operation's contract *raises* a `KvSpecError` subclass naming what
+was wrong: the caller has a bug, and state was left untouched.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """[ALLOC-4] Not enough free pages: `pool` ("full" or "swa") needed `needed_pages`
+    and had `available_pages`. Nothing was allocated."""
+
+    pool: str
+    needed_pages: int
+    available_pages: int
+
+    def __str__(self) -> str:
+        return (f"out of memory in the {self.pool} pool: needed {self.needed_pages} pages, "
+                f"{self.available_pages} free")
+
+
+class KvSpecError(Exception):
+    """Base of every error the spec names."""
+
+
+class InvalidConfig(KvSpecError, ValueError):
+    """[MODEL-4] A pool or window configuration the spec does not allow."""
+
+
+class InvalidFree(KvSpecError):
+    """[ALLOC-6] A free of something the caller does not own: the padding page, a free
+    page, the same slot twice, or an unmapped SWA peer on a strict path."""
+
+    def __init__(self, message: str, slots: tuple = ()):
+        super().__init__(message)
+        self.slots = tuple(slots)
+
+
+class InvalidAllocation(KvSpecError):
+    """[ALLOC-5] An allocation whose arguments break its preconditions (for example a
+    `last_loc` whose in-page offset does not match the prefix length)."""
+
+
+class InvalidRequest(KvSpecError):
+    """[LIFE-1] A request-level operation that the lifecycle does not allow."""
