@@ -1,0 +1,47 @@
+"""The reference model behind the allocator-tier adapter protocol: the same operations,
+with slot tensors turned into lists of ints so the harness never sees torch."""
+
+from typing import Sequence
+
+from kvspec.reference import HybridAllocator
+from kvspec.spec.accounting import AllocatorState
+from kvspec.spec.outcomes import OutOfMemory
+
+
+def as_list(result):
+    return result if isinstance(result, OutOfMemory) else result.tolist()
+
+
+class ReferenceAllocatorAdapter:
+    name = "reference"
+
+    def __init__(self, size_full: int, size_swa: int, page_size: int, device: str = "cpu"):
+        self.allocator = HybridAllocator(size_full, size_swa, page_size, device=device)
+
+    def state(self) -> AllocatorState:
+        return self.allocator.state()
+
+    def available_sizes(self) -> tuple[int, int]:
+        return self.allocator.full_available_size(), self.allocator.swa_available_size()
+
+    def alloc(self, num_tokens: int) -> list[int] | OutOfMemory:
+        return as_list(self.allocator.alloc(num_tokens))
+
+    def alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_loc: Sequence[int]):
+        return as_list(self.allocator.alloc_extend(prefix_lens, seq_lens, last_loc))
+
+    def alloc_decode(self, seq_lens: Sequence[int], last_loc: Sequence[int]):
+        return as_list(self.allocator.alloc_decode(seq_lens, last_loc))
+
+    def alloc_extend_swa_tail(self, prefix_len: int, seq_len: int, last_loc: int, swa_tail_len: int):
+        return as_list(self.allocator.alloc_extend_swa_tail(prefix_len, seq_len, last_loc, swa_tail_len))
+
+    def translate(self, full_slots: Sequence[int]) -> list[int]:
+        return self.allocator.translate(list(full_slots)).tolist()
+
+    def __getattr__(self, operation):
+        # Frees, free groups and clear take lists and return nothing: pass them through.
+        if operation in {"free", "free_swa", "free_full", "free_segment", "free_swa_segment",
+                         "free_full_segment", "free_group_begin", "free_group_end", "clear"}:
+            return getattr(self.allocator, operation)
+        raise AttributeError(operation)

@@ -1,0 +1,27 @@
+"""kvspec's own Hypothesis settings profiles, so a run means the same everywhere
+(CI=true would otherwise make Hypothesis load its own `ci` profile)."""
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = {
+    # name: (examples per state machine, steps per example)
+    "quick": (60, 30),
+    "ci": (300, 50),
+    "deep": (5000, 100),
+}
+
+for _name, (_examples, _steps) in PROFILES.items():
+    settings.register_profile(
+        f"kvspec-{_name}",
+        max_examples=_examples,
+        stateful_step_count=_steps,
+        deadline=None,  # the first call into torch or a real engine is slow; hangs are caught by the harness
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+def profile(name: str) -> settings:
+    """The settings of a kvspec profile: quick, ci or deep."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}")
+    return settings.get_profile(f"kvspec-{name}")
