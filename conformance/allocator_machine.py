@@ -51,10 +51,14 @@ def allocator_machine(make_allocator: Callable, page_size: int) -> type[RuleBase
     lengths = st.integers(1, 3 * P + 1)
 
     class AllocatorMachine(RuleBasedStateMachine):
+        examples = 0  # how many runs and checked steps this class saw, for reports
+        steps = 0
+
         @initialize(full_pages=st.integers(2, 8), swa_pages=st.integers(1, 8))
         def build(self, full_pages, swa_pages):
             self.sequences: list[Sequence] = []
             self.group_open = False
+            type(self).examples += 1
             note(f"make_allocator(size_full={full_pages * P}, size_swa={swa_pages * P}, page_size={P})")
             self.allocator = make_allocator(full_pages * P, swa_pages * P, P)
 
@@ -274,6 +278,7 @@ def allocator_machine(make_allocator: Callable, page_size: int) -> type[RuleBase
 
         @invariant()
         def allocator_invariants(self):
+            type(self).steps += 1
             state = self.allocator.state()
             violations = allocator_violations(state, [s.held() for s in self.sequences])
             if violations:
