@@ -2,7 +2,7 @@
 
 Each predicate takes plain observed data and returns the `Violation`s it finds (an
 empty list: the invariant holds). They never look at the order of a free list or at
-which free page an allocator chose: only counts, sets and ownership (MODEL-5).
+which free page an allocator chose: only counts, sets and ownership [MODEL-5].
 
 Observed data:
   * `PoolState`: one pool's free pages (a multiset) and pages waiting in a free group;
@@ -49,8 +49,8 @@ class HeldSequence:
 
 
 def free_list_violations(pool: PoolState) -> list[Violation]:
-    """[I1] A free list holds each page at most once, never the padding page, only ids
-    of the pool, and never a page that is also waiting in a free group."""
+    """[I1, I16] A free list holds each page at most once, never the padding page, only
+    ids of the pool; a page waits in a free group at most once and is not also free."""
     found = []
     counts = Counter(pool.free_pages)
     for page, count in sorted(counts.items()):
@@ -62,6 +62,9 @@ def free_list_violations(pool: PoolState) -> list[Violation]:
             found.append(Violation("I1", f"{pool.name} pool: page {page} is {count} times in the free list"))
     for page in sorted(set(pool.pending_pages) & set(counts)):
         found.append(Violation("I1", f"{pool.name} pool: page {page} is free and also pending in a free group"))
+    for page, count in sorted(Counter(pool.pending_pages).items()):
+        if count > 1:
+            found.append(Violation("I16", f"{pool.name} pool: page {page} is queued {count} times in the free group"))
     return found
 
 
@@ -89,7 +92,7 @@ def held_swa_pages(sequences: Sequence[HeldSequence], mapping: Sequence[SlotId],
 
 
 def conservation_violations(pool: PoolState, held_pages: Sequence[PageId], clause: str) -> list[Violation]:
-    """[I2 full pool, I3 SWA pool] Every page is accounted for exactly once:
+    """[I2, I3] Every page (I2 for the full pool, I3 for the SWA pool) is accounted for exactly once:
     free + pending + held == all pages. A leak shows as too few, a double
     allocation or a double free as too many."""
     accounted = len(pool.free_pages) + len(pool.pending_pages) + len(held_pages)
@@ -102,8 +105,13 @@ def conservation_violations(pool: PoolState, held_pages: Sequence[PageId], claus
 
 
 def ownership_violations(pool: PoolState, held_pages: Sequence[PageId]) -> list[Violation]:
-    """[I4] A held page has exactly one holder and is neither free nor pending."""
+    """[I4] A held page is a page of the pool, has exactly one holder and is neither
+    free nor pending."""
     found = []
+    for page in sorted(set(held_pages)):
+        if not 1 <= page <= pool.num_pages:
+            found.append(Violation("I4", f"{pool.name} pool: page {page} is held but is not an allocatable page "
+                                         f"(1..{pool.num_pages}; 0 is the padding page)"))
     for page, count in sorted(Counter(held_pages).items()):
         if count > 1:
             found.append(Violation("I4", f"{pool.name} pool: page {page} is held by {count} owners"))
@@ -114,7 +122,7 @@ def ownership_violations(pool: PoolState, held_pages: Sequence[PageId]) -> list[
 
 def mapping_violations(mapping: Sequence[SlotId], size_full: int, page_size: int,
                        sequences: Sequence[HeldSequence], swa: PoolState) -> list[Violation]:
-    """[I5] The full->SWA mapping: (a) its shape and sentinel; (b) every live-SWA
+    """[I5, MAP-2, MAP-3] The full->SWA mapping: (a) its shape and sentinel; (b) every live-SWA
     position maps to an SWA slot that is not free; (c) no two live full slots share
     an SWA slot; (d) page-in-step: same in-page offset, one SWA page per full page;
     (e) every other full slot maps to 0."""

@@ -8,8 +8,10 @@ last `swa_tail_len` tokens need SWA KV.
 """
 
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 from .notation import Position
+from .outcomes import OutOfMemory
 from .pages import new_pages_for_extend, pages_for
 
 
@@ -89,3 +91,53 @@ def swa_tail_starts_on_page(seq_len: Position, swa_tail_len: int, page_size: int
     pre: 0 <= swa_tail_len <= seq_len
     """
     return (seq_len - swa_tail_len) % page_size == 0
+
+
+class HybridAllocatorOperations(Protocol):
+    """[ALLOC-1] The operations of a hybrid full/SWA allocator. Slots are full slots;
+    an allocation returns the new tokens' full slots in position order, or OutOfMemory
+    (ALLOC-4); a free of what is not held raises InvalidFree (ALLOC-6)."""
+
+    def alloc(self, num_tokens: int) -> "list[int] | OutOfMemory":
+        """page_size 1: `num_tokens` slots in each pool, paired in the mapping."""
+
+    def alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int],
+                     last_loc: Sequence[int]) -> "list[int] | OutOfMemory":
+        """Grow each request from prefix_len to seq_len tokens in both pools (PAGE-3)."""
+
+    def alloc_decode(self, seq_lens: Sequence[int], last_loc: Sequence[int]) -> "list[int] | OutOfMemory":
+        """One slot per request in both pools, for position seq_len - 1."""
+
+    def alloc_extend_swa_tail(self, prefix_len: int, seq_len: int, last_loc: int,
+                              swa_tail_len: int) -> "list[int] | OutOfMemory":
+        """Full slots for `[prefix_len, seq_len)`, SWA slots for the last swa_tail_len (ALLOC-3)."""
+
+    def free(self, slots: Sequence[int]) -> None:
+        """Free full slots and their SWA peers, page-granular."""
+
+    def free_segment(self, slots: Sequence[int], start_pos: int) -> None:
+        """`free` of a row segment starting at page-aligned position start_pos."""
+
+    def free_swa(self, slots: Sequence[int]) -> None:
+        """Free only the SWA peers (MAP-2)."""
+
+    def free_swa_segment(self, slots: Sequence[int], start_pos: int) -> None:
+        """Free only the SWA peers of a row segment; every peer must be live (MAP-2)."""
+
+    def free_full(self, slots: Sequence[int]) -> None:
+        """Free full slots whose SWA peers are already released (MAP-2)."""
+
+    def free_full_segment(self, slots: Sequence[int], start_pos: int) -> None:
+        """`free_full` of a row segment starting at page-aligned position start_pos."""
+
+    def free_group_begin(self) -> None:
+        """Collect frees until free_group_end (I16)."""
+
+    def free_group_end(self) -> None:
+        """Release what the group collected (I16)."""
+
+    def translate(self, full_slots: Sequence[int]) -> list[int]:
+        """The SWA peers of full slots: 0 where none, -1 for -1 (MAP-1)."""
+
+    def clear(self) -> None:
+        """Every page free, every mapping entry 0 but the sentinel."""

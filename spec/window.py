@@ -1,0 +1,197 @@
+"""Window eviction [WIN-1 .. WIN-6]: which SWA KV a request may release, and when.
+
+A sliding-window layer at position `p` reads only positions `[p - W, p)`. SWA KV of
+older positions is dead and can be freed. A request keeps a page-aligned cursor
+`swa_evicted_seqlen` (written `e`): below it (and at or above `cache_protected_len`,
+the start of what the request owns privately) its SWA KV is already released.
+
+`eviction_frontier` is the one decision: given the cursor and the length the model has
+already processed (`pre_len`), where the cursor moves and what is freed. Policy versions
+differ only in how much they retain below `pre_len` (WIN-2); they are data (`Policy`),
+not forks of the code.
+"""
+
+from dataclasses import dataclass
+
+from .notation import Position
+from .pages import ceil_page, floor_page
+
+SGLANG_0_5_23 = "sglang-0.5.23"
+DESIGN_MARGIN = "design-margin"
+DROP_MARGIN = "drop-margin"
+NO_PREFIX_SHARING = "no-prefix-sharing"
+POLICY_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """[WIN-1] A policy version: how much window eviction retains, whether the prefix
+    cache shares prefixes between requests, and the decode eviction cadence."""
+
+    version: str = SGLANG_0_5_23
+    decode_eviction_interval: int = 128
+    """I: decode evicts once the frontier has moved this many tokens past the cursor."""
+
+    @property
+    def supports_prefix_sharing(self) -> bool:
+        return self.version != NO_PREFIX_SHARING
+
+
+def validate_window_config(window: int, page_size: int, policy: Policy) -> list[str]:
+    """[MODEL-4] What is wrong with a window configuration, as sentences that say how to
+    fix it; empty when it is valid."""
+    problems = []
+    if window < 1:
+        problems.append(f"sliding window must be >= 1 token (got {window})")
+    if page_size < 1:
+        problems.append(f"page_size must be >= 1 (got {page_size})")
+    if policy.version not in POLICY_VERSIONS:
+        problems.append(f"unknown policy version {policy.version!r}; choose one of {', '.join(POLICY_VERSIONS)}")
+    if policy.decode_eviction_interval < 1:
+        problems.append(f"decode_eviction_interval must be >= 1 (got {policy.decode_eviction_interval})")
+    return problems
+
+
+def retention(version: str, window: int, page_size: int) -> int:
+    """[WIN-2] Tokens the frontier stays below `pre_len`:
+    sglang-0.5.23 `ceil_page(max(W, P))` (the window rounded up to a page);
+    design-margin `W + P`; drop-margin and no-prefix-sharing `W`.
+
+    pre: window >= 1 and page_size >= 1
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    post: __return__ >= window
+    """
+    if version == SGLANG_0_5_23:
+        return ceil_page(max(window, page_size), page_size)
+    if version == DESIGN_MARGIN:
+        return window + page_size
+    return window
+
+
+@dataclass(frozen=True)
+class WindowEviction:
+    """[WIN-3] The outcome of one eviction attempt: the cursor after the raise to
+    `cache_protected_len` (`raised_cursor`) and after the free (`new_cursor`); the
+    request frees the SWA KV of positions `[raised_cursor, new_cursor)`."""
+
+    raised_cursor: Position
+    new_cursor: Position
+    clamped: bool = False
+    """The threshold was lowered by `retain_floor`, or the raise to the protected length
+    decided the cursor: the window-bound clause WIN-5 does not apply to this step."""
+
+
+def eviction_frontier(pre_len: Position, cursor: Position, cache_protected_len: Position,
+                      window: int, page_size: int, version: str, eviction_interval: int = 1,
+                      retain_floor: Position | None = None) -> WindowEviction | None:
+    """[WIN-3] Window eviction of one request that has processed `pre_len` tokens.
+
+    None (nothing changes, not even the cursor) while the window has not moved
+    `eviction_interval` tokens past the cursor. Otherwise the cursor is first raised to
+    `cache_protected_len` (below it the prefix cache owns the KV), then moved to the
+    threshold `pre_len - retention`, lowered to `retain_floor` if one is given (prefix
+    sharing only), never backwards, and floored to a page.
+
+    pre: page_size >= 1 and window >= 1 and eviction_interval >= 1
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: cursor >= 0 and cursor % page_size == 0
+    pre: cache_protected_len >= 0 and cache_protected_len % page_size == 0
+    pre: pre_len >= 0
+    post: __return__ is None or __return__.raised_cursor <= __return__.new_cursor
+    post: __return__ is None or __return__.new_cursor % page_size == 0
+    post: __return__ is None or __return__.raised_cursor == max(cursor, cache_protected_len)
+    post: __return__ is None or __return__.new_cursor == __return__.raised_cursor or __return__.new_cursor <= pre_len - window
+    """
+    if pre_len - window < cursor + eviction_interval:
+        return None
+    raised = max(cursor, cache_protected_len)
+    threshold = pre_len - retention(version, window, page_size)
+    clamped = False
+    if retain_floor is not None and version != NO_PREFIX_SHARING and retain_floor < threshold:
+        threshold, clamped = retain_floor, True
+    new_cursor = floor_page(max(raised, threshold), page_size)
+    clamped = clamped or threshold <= raised
+    return WindowEviction(raised, new_cursor, clamped)
+
+
+def decode_eviction_due(seq_len: Position, cursor: Position, window: int, interval: int) -> bool:
+    """[WIN-4] A decoding request evicts (with `pre_len = seq_len - 1` and interval 1)
+    once the window has moved `interval` tokens past its cursor. The first decode step
+    of a request never evicts (the previous extend may still be reading)."""
+    return seq_len - 1 - window >= cursor + interval
+
+
+def eviction_span_bound(retained: int, page_size: int) -> int:
+    """[WIN-5] The most SWA slots a request holds right after an unclamped eviction with
+    retention `retained`, measured as `ceil_page(L) - cursor` for `L <= pre_len + 1`:
+    exactly `retained + P` when `retained` is a page multiple, else `retained + 2P - 1`.
+
+    pre: retained >= 1 and page_size >= 1
+    post: __return__ >= retained + page_size
+    """
+    if retained % page_size == 0:
+        return retained + page_size
+    return retained + 2 * page_size - 1
+
+
+def decode_window_bound(version: str, window: int, page_size: int, interval: int) -> int:
+    """[WIN-5] The most private SWA slots a decoding request holds after each step's
+    allocation, once its third decode step has run: the span right after an eviction,
+    or the window plus what accumulates between two evictions.
+
+    pre: window >= 1 and page_size >= 1 and interval >= 1
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    """
+    return max(eviction_span_bound(retention(version, window, page_size), page_size),
+               window + interval + page_size - 1)
+
+
+def swa_tail_len(fill_len: Position, window: int, page_size: int, prefix_sharing: bool) -> int:
+    """[WIN-6] The SWA tail of a PD-decode pre-allocation of `fill_len` tokens: it starts
+    on the page at or below `fill_len - W` (with a decode-side prefix cache: below
+    `fill_len - 1 - max(W, P)`, so the prefix match stays clear of the tail).
+
+    pre: fill_len >= 0 and window >= 1 and page_size >= 1
+    post: 0 <= __return__ <= fill_len
+    post: (fill_len - __return__) % page_size == 0
+    post: __return__ >= min(window, fill_len)
+    """
+    if prefix_sharing:
+        head = max(0, fill_len - 1 - max(window, page_size))
+    else:
+        head = max(0, fill_len - window)
+    return fill_len - floor_page(head, page_size)
+
+
+def swa_match_length(path: list[tuple[int, bool]], window: int) -> int:
+    """[WIN-7] How far a prefix match may go along a root-to-leaf path of
+    `(key_length, has_live_swa)` nodes: to the deepest node at which the live SWA run
+    is unbroken from the root, or at least `window` tokens long after the last
+    tombstone. (A match ending there still sees its whole window.)
+
+    pre: window >= 1
+    pre: all(length > 0 for length, _ in path)
+    post: 0 <= __return__ <= sum(length for length, _ in path)
+    """
+    matched = depth = 0
+    live_run = None  # None: no tombstone met yet, every node is acceptable
+    for length, has_live_swa in path:
+        depth += length
+        if not has_live_swa:
+            live_run = 0
+            continue
+        if live_run is not None:
+            live_run += length
+        if live_run is None or live_run >= window:
+            matched = depth
+    return matched
+
+
+def insert_keeps_window(insert_end: Position, cursor: Position, window: int) -> bool:
+    """[I10] After a checkpoint inserts `[0, insert_end)`, the live SWA of the new leaf,
+    `[cursor, insert_end)`, is at least `min(W, insert_end)` long: the leaf stays
+    matchable and is never all-tombstone.
+
+    pre: window >= 1 and 0 <= cursor
+    """
+    return insert_end - cursor >= min(window, insert_end)
