@@ -45,3 +45,23 @@ class ReferenceAllocatorAdapter:
                          "free_full_segment", "free_group_begin", "free_group_end", "clear"}:
             return getattr(self.allocator, operation)
         raise AttributeError(operation)
+
+
+class ReferenceEngineAdapter:
+    """The reference engine (allocator, prefix tree, request lifecycle) behind the
+    engine-tier adapter protocol: operations take and return plain data."""
+
+    name = "reference"
+
+    def __init__(self, config, device: str = "cpu"):
+        from kvspec.reference.engine import Engine
+
+        self.engine = Engine(config, device=device)
+
+    def snapshot(self):
+        return self.engine.snapshot()
+
+    def __getattr__(self, operation):
+        if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict"}:
+            return getattr(self.engine, operation)
+        raise AttributeError(operation)

@@ -14,6 +14,7 @@ calls that reproduce it.
 allocator operations of kvspec.adapters.reference.ReferenceAllocatorAdapter.
 """
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,7 +36,7 @@ class Sequence:
     swa_live_from: int = 0
 
     def held(self) -> HeldSequence:
-        return HeldSequence(tuple(self.row), self.swa_live_from, self.first)
+        return HeldSequence(tuple(self.row[self.first:]), self.first, self.swa_live_from)
 
     @property
     def live_from(self) -> int:
@@ -289,8 +290,8 @@ def allocator_machine(make_allocator: Callable, page_size: int) -> type[RuleBase
 
         def teardown(self):
             """Drain to empty: once everything is freed, every page is free and unmapped."""
-            if not hasattr(self, "allocator"):
-                return
+            if not hasattr(self, "allocator") or sys.exc_info()[1] is not None:
+                return  # a step already failed: its report must not be hidden by the drain's
             if self.group_open:
                 self.call("free_group_end")
             for s in list(self.sequences):

@@ -71,6 +71,10 @@ class HybridAllocator:
         return OutOfMemory("swa", swa_pages, self.swa.available_pages())
 
     def swa_last_loc(self, last_loc: Sequence[int]) -> list[int]:
+        outside = [loc for loc in last_loc if not -1 <= loc < self.size_full + self.page_size]
+        if outside:
+            raise InvalidAllocation(f"last_loc {outside} are not slots of the full pool; pass the slot of each "
+                                    f"request's last prefix token, or -1 for an empty prefix")
         return self.translate(list(last_loc)).tolist() if len(last_loc) else []
 
     def alloc(self, num_tokens: int) -> Slots | OutOfMemory:
@@ -150,6 +154,14 @@ class HybridAllocator:
         assert full_slots.numel() == swa_slots.numel(), "each new full slot gets exactly one SWA peer"
         self.mapping[full_slots] = swa_slots
 
+    def move_swa_peers(self, from_full: Slots, to_full: Slots) -> None:
+        """[MAP-2] Hand the live SWA peers of `from_full` to `to_full` (which have none),
+        position by position; `from_full` is left without peers."""
+        peers = self.mapping[from_full]
+        assert bool((peers > 0).all()) and bool((self.mapping[to_full] == NO_SWA_PEER).all())
+        self.mapping[from_full] = NO_SWA_PEER
+        self.set_mapping(to_full, peers)
+
     # -- freeing ----------------------------------------------------------------------
 
     def as_slots(self, slots: Slots) -> Slots:
@@ -198,8 +210,9 @@ class HybridAllocator:
     def free_full(self, full_slots: Slots) -> None:
         """[MAP-2] Free full slots whose SWA peers are already released."""
         full_slots = self.as_slots(full_slots)
-        self.full.held_pages_of(full_slots, "free_full")
-        self.check_no_live_peer(full_slots, "free_full")
+        pages = self.full.held_pages_of(full_slots, "free_full")
+        # the free is page-granular: no slot of a freed page may keep a live peer
+        self.check_no_live_peer(self.full.page_slots(pages), "free_full")
         self.full.free(full_slots)
 
     def free_full_segment(self, full_slots: Slots, start_pos: int) -> None:

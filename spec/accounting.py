@@ -7,9 +7,9 @@ which free page an allocator chose: only counts, sets and ownership [MODEL-5].
 Observed data:
   * `PoolState`: one pool's free pages (a multiset) and pages waiting in a free group;
   * the full->SWA `mapping` as a sequence of slot ids;
-  * `HeldSequence`s: what the caller holds, one row of full slots per sequence, and the
-    first position whose SWA peer is still live (below it the SWA KV was released or
-    never allocated, as for the head of a PD-decode tail).
+  * `HeldSequence`s: what the caller holds, the full slots of a run of positions, and
+    the first position whose SWA peer is still live (below it the SWA KV was released
+    or never allocated, as for the head of a PD-decode tail).
 """
 
 from collections import Counter
@@ -33,19 +33,22 @@ class PoolState:
 
 @dataclass(frozen=True)
 class HeldSequence:
-    """A run of positions `0 .. len(row)-1` the caller holds, as the allocator placed them."""
+    """A run of consecutive positions the caller holds, as the allocator placed them:
+    `slots[i]` is the full slot of position `start + i`."""
 
-    row: tuple[SlotId, ...]
+    slots: tuple[SlotId, ...]
+    start: Position = 0
     swa_live_from: Position = 0
     """Positions below this have no live SWA peer (released, or a tail's head)."""
-    first_position: Position = 0
-    """Positions below this are not held by this sequence (a prefix owned elsewhere)."""
 
-    def held_positions(self) -> range:
-        return range(self.first_position, len(self.row))
+    def positions(self) -> range:
+        return range(self.start, self.start + len(self.slots))
 
     def swa_live_positions(self) -> range:
-        return range(max(self.first_position, self.swa_live_from), len(self.row))
+        return range(max(self.start, self.swa_live_from), self.start + len(self.slots))
+
+    def slot(self, position: Position) -> SlotId:
+        return self.slots[position - self.start]
 
 
 def free_list_violations(pool: PoolState) -> list[Violation]:
@@ -77,7 +80,7 @@ def held_full_pages(sequences: Sequence[HeldSequence], page_size: int) -> list[P
     """Full pages held, once per sequence that holds them (a multiset across sequences)."""
     held = []
     for sequence in sequences:
-        held.extend(pages_of((sequence.row[p] for p in sequence.held_positions()), page_size))
+        held.extend(pages_of(sequence.slots, page_size))
     return held
 
 
@@ -86,7 +89,7 @@ def held_swa_pages(sequences: Sequence[HeldSequence], mapping: Sequence[SlotId],
     """SWA pages held through the mapping of each sequence's live-SWA positions."""
     held = []
     for sequence in sequences:
-        peers = (mapping[sequence.row[p]] for p in sequence.swa_live_positions())
+        peers = (mapping[sequence.slot(p)] for p in sequence.swa_live_positions())
         held.extend(pages_of((peer for peer in peers if peer > 0), page_size))
     return held
 
@@ -135,11 +138,14 @@ def mapping_violations(mapping: Sequence[SlotId], size_full: int, page_size: int
     live: dict[SlotId, SlotId] = {}
     for sequence in sequences:
         for position in sequence.swa_live_positions():
-            full_slot = sequence.row[position]
+            full_slot = sequence.slot(position)
             peer = mapping[full_slot]
             live[full_slot] = peer
             if peer <= 0:
                 found.append(Violation("I5", f"position {position} (full slot {full_slot}) has live SWA KV but maps to {peer}"))
+            elif not 1 <= peer // page_size <= swa.num_pages:
+                found.append(Violation("I5", f"full slot {full_slot} maps to SWA slot {peer}, which is not on an "
+                                             f"allocatable SWA page (1..{swa.num_pages})"))
             elif peer // page_size in swa_free:
                 found.append(Violation("I5", f"full slot {full_slot} maps to SWA slot {peer}, whose page is free"))
             elif peer % page_size != full_slot % page_size:
@@ -167,14 +173,14 @@ def alignment_violations(sequences: Sequence[HeldSequence], page_size: int) -> l
     share one slot page, and the SWA-live boundary is page aligned."""
     found = []
     for index, sequence in enumerate(sequences):
-        row = sequence.row
-        for position in sequence.held_positions():
-            if row[position] % page_size != position % page_size:
-                found.append(Violation("I6", f"sequence {index}: position {position} at slot {row[position]}, another in-page offset"))
-            if position % page_size != 0 and position - 1 >= 0 and row[position] != row[position - 1] + 1:
+        for position in sequence.positions():
+            slot = sequence.slot(position)
+            if slot % page_size != position % page_size:
+                found.append(Violation("I6", f"sequence {index}: position {position} at slot {slot}, another in-page offset"))
+            if position % page_size != 0 and position > sequence.start and slot != sequence.slot(position - 1) + 1:
                 found.append(Violation("I6", f"sequence {index}: positions {position - 1} and {position} share a page but not a slot page"))
-        boundary = max(sequence.first_position, sequence.swa_live_from)
-        if boundary % page_size != 0 and boundary < len(row):
+        boundary = max(sequence.start, sequence.swa_live_from)
+        if boundary % page_size != 0 and boundary < sequence.start + len(sequence.slots):
             found.append(Violation("I6", f"sequence {index}: SWA-live boundary {boundary} is not page aligned"))
     return found
 

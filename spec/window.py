@@ -115,7 +115,7 @@ def eviction_frontier(pre_len: Position, cursor: Position, cache_protected_len: 
 
 
 def decode_eviction_due(seq_len: Position, cursor: Position, window: int, interval: int) -> bool:
-    """[WIN-4] A decoding request evicts (with `pre_len = seq_len - 1` and interval 1)
+    """[WIN-4, LIFE-8] A decoding request evicts (with `pre_len = seq_len - 1` and interval 1)
     once the window has moved `interval` tokens past its cursor. The first decode step
     of a request never evicts (the previous extend may still be reading)."""
     return seq_len - 1 - window >= cursor + interval
@@ -147,7 +147,7 @@ def decode_window_bound(version: str, window: int, page_size: int, interval: int
 
 
 def swa_tail_len(fill_len: Position, window: int, page_size: int, prefix_sharing: bool) -> int:
-    """[WIN-6] The SWA tail of a PD-decode pre-allocation of `fill_len` tokens: it starts
+    """[WIN-6, LIFE-6] The SWA tail of a PD-decode pre-allocation of `fill_len` tokens: it starts
     on the page at or below `fill_len - W` (with a decode-side prefix cache: below
     `fill_len - 1 - max(W, P)`, so the prefix match stays clear of the tail).
 

@@ -16,8 +16,8 @@ SPEC_MODULES = sorted(f"kvspec.spec.{module.name}" for module in pkgutil.iter_mo
 CLAUSES_WITHOUT_DEFINITION: dict[str, str] = {}
 CLAIMS_WITHOUT_CHAPTER = {
     "LIFE-1": "claimed by InvalidRequest; the request lifecycle chapter is not written yet",
-    **{clause: "spec/window.py is new; its chapter 05-window.md is not written yet"
-       for clause in ("WIN-1", "WIN-2", "WIN-3", "WIN-4", "WIN-5", "WIN-6", "WIN-7", "I10")},
+    **{clause: "the prefix tree, lifecycle and I7-I15 chapters are being written (issue 3)"
+       for clause in ("I10", "LIFE-2", "LIFE-3", "LIFE-4", "LIFE-5", "TREE-1", "OBS-1", "OBS-2")},
 }
 
 

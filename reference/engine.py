@@ -1,0 +1,345 @@
+"""The request lifecycle [LIFE-1 .. LIFE-8]: an engine that admits requests, runs their
+prefill chunks and decode steps, releases them, and evicts from the prefix cache,
+as SGLang 0.5.23's scheduler drives its KV cache.
+
+A request owns a row of the req-to-token pool: `row[p]` is the full slot of position p.
+The prefix cache owns positions [0, cache_protected_len) (the row points at the tree's
+slots there); the request owns the rest, up to kv_allocated_len. Its SWA cursor
+`swa_evicted_seqlen` marks how far its own SWA KV has been released (WIN-3).
+
+Operations return None when done, or an `OutOfMemory` outcome (after evicting what the
+prefix cache could give) with the request left as it was; misuse raises
+`InvalidRequest`. `check_invariants` runs every spec invariant and, on a violation,
+raises with a dump of the state that explains it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from kvspec.spec.invariants import engine_violations
+from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_plan
+from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
+from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step
+from kvspec.spec.window import decode_eviction_due, swa_tail_len, validate_window_config
+
+from .components import free_swa_out_of_window_slots
+from .hybrid import HybridAllocator
+from .tree import Node, PrefixTree, TreeLock
+
+
+@dataclass(eq=False)
+class Request:
+    """[LIFE-2] One request's KV state (SGLang's ReqKvInfo plus the fields of Req it uses)."""
+
+    rid: str
+    tokens: list[int]
+    """Prompt and outputs so far; the last output's KV is written by the next decode step."""
+    engine: "Engine"
+    row_index: int | None = None
+    cache_protected_len: int = 0
+    swa_evicted_seqlen: int = 0
+    kv_allocated_len: int = 0
+    kv_committed_len: int = 0
+    decode_steps: int = 0
+    finished_prefill: bool = False
+    lock: TreeLock | None = None
+
+    @property
+    def last_node(self) -> Node | None:
+        return None if self.lock is None else self.lock.node
+
+    def slots(self, start: int, end: int) -> torch.Tensor:
+        return self.engine.req_to_token[self.row_index, start:end]
+
+    def view(self) -> RequestView:
+        return RequestView(self.rid, tuple(self.slots(0, self.kv_allocated_len).tolist()),
+                           self.cache_protected_len, self.swa_evicted_seqlen, self.kv_allocated_len,
+                           self.kv_committed_len, len(self.tokens), self.decode_steps, self.finished_prefill,
+                           None if self.last_node is None else self.last_node.node_id)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, device: str | torch.device = "cpu"):
+        problems = validate_window_config(config.window, config.page_size, config.policy)
+        if config.max_requests < 1:
+            problems.append(f"max_requests must be >= 1 (got {config.max_requests})")
+        if problems:
+            raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
+        self.config = config
+        self.page_size = config.page_size
+        self.window = config.window
+        self.policy = config.policy
+        self.allocator = HybridAllocator(config.size_full, config.size_swa, config.page_size, device=device)
+        self.max_context_len = config.size_full + config.page_size
+        # row 0 is padding, as in SGLang's ReqToTokenPool
+        self.req_to_token = torch.zeros(config.max_requests + 1, self.max_context_len, dtype=torch.int64,
+                                        device=self.allocator.device)
+        self.free_rows = list(range(config.max_requests, 0, -1))
+        self.tree = (PrefixTree(self.allocator, config.page_size, config.window, config.policy.version)
+                     if config.policy.supports_prefix_sharing else None)
+        self.requests: dict[str, Request] = {}
+        self.waiting: dict[str, list[int]] = {}
+        """Retracted requests: their tokens, ready to be admitted again."""
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def request(self, rid: str) -> Request:
+        if rid not in self.requests:
+            raise InvalidRequest(f"unknown request {rid!r}: admit it first (running: {sorted(self.requests)})")
+        return self.requests[rid]
+
+    def make_room(self, full_pages: int, swa_pages: int) -> OutOfMemory | None:
+        """[LIFE-7] Evict from the prefix cache until each pool has the pages an
+        allocation needs; the outcome if it still cannot."""
+        if self.tree is not None:
+            full_short = pages_to_evict(full_pages, self.allocator.full.available_pages())
+            swa_short = pages_to_evict(swa_pages, self.allocator.swa.available_pages())
+            if full_short or swa_short:
+                self.tree.evict(full_short * self.page_size, swa_short * self.page_size)
+        return self.allocator.capacity_shortfall(full_pages, swa_pages)
+
+    def set_row(self, request: Request, start: int, slots: torch.Tensor) -> None:
+        self.req_to_token[request.row_index, start:start + len(slots)] = slots
+
+    def match(self, request: Request, max_prefix_len: int) -> None:
+        """Adopt the longest acceptable cached prefix of at most `max_prefix_len` tokens
+        and lock it (SGLang: match_prefix, then the lock taken at admission)."""
+        if self.tree is None:
+            return
+        node, length = self.tree.match(request.tokens[:max_prefix_len])
+        request.lock = self.tree.lock(node)
+        self.set_row(request, 0, self.tree.path_values(node))
+        request.cache_protected_len = request.kv_allocated_len = request.kv_committed_len = length
+
+    def take_row(self, rid: str, tokens: list[int]) -> Request | OutOfMemory:
+        if rid in self.requests:
+            raise InvalidRequest(f"request {rid!r} is already running; use a new request id")
+        if not tokens:
+            raise InvalidRequest(f"request {rid!r} has no tokens; a prompt needs at least one")
+        if len(tokens) + 1 > self.config.size_full:
+            raise InvalidRequest(f"request {rid!r}: {len(tokens)} tokens cannot fit the full pool of "
+                                 f"{self.config.size_full} slots; shorten the prompt or grow the pool")
+        if not self.free_rows:
+            return OutOfMemory("requests", 1, 0)
+        request = Request(rid, list(tokens), self, row_index=self.free_rows.pop())
+        self.requests[rid] = request
+        return request
+
+    def drop(self, request: Request) -> None:
+        """Give the request's row back (its KV is already released)."""
+        self.req_to_token[request.row_index].zero_()
+        self.free_rows.append(request.row_index)
+        request.row_index = None
+        del self.requests[request.rid]
+
+    def undo_admission(self, request: Request) -> None:
+        if request.lock is not None:
+            self.tree.unlock(request.lock)
+        self.drop(request)
+
+    # -- admission ------------------------------------------------------------------------
+
+    def admit(self, rid: str, prompt: list[int] | None = None) -> OutOfMemory | None:
+        """[LIFE-3] Take a row, match the longest cached prefix (leaving at least one
+        token to compute) and lock it. `prompt` None re-admits a retracted request."""
+        if prompt is None:
+            if rid not in self.waiting:
+                raise InvalidRequest(f"request {rid!r} was not retracted; pass its prompt to admit it")
+            prompt = self.waiting[rid]
+        request = self.take_row(rid, prompt)
+        if isinstance(request, OutOfMemory):
+            return request
+        self.waiting.pop(rid, None)
+        self.match(request, admission_match_limit(len(request.tokens)))
+        return None
+
+    def pd_admit(self, rid: str, prompt: list[int], first_output: int) -> OutOfMemory | None:
+        """[LIFE-6] PD-decode: the prompt's KV arrives from a prefill server; allocate it
+        with full KV for every token and SWA KV for the tail only (page_size > 1), and
+        set the cursor to the tail's start so the head is never freed as SWA."""
+        request = self.take_row(rid, list(prompt) + [first_output])
+        if isinstance(request, OutOfMemory):
+            return request
+        fill = len(prompt)
+        tail = (swa_tail_len(fill, self.window, self.page_size, self.tree is not None)
+                if self.page_size > 1 else fill)
+        self.match(request, fill - tail)
+        prefix = request.kv_allocated_len
+        last_loc = int(request.slots(prefix - 1, prefix)[0]) if prefix else -1
+        if self.page_size > 1:
+            outcome = self.make_room(new_pages_for_extend(prefix, fill, self.page_size), pages_for(tail, self.page_size))
+            slots = outcome or self.allocator.alloc_extend_swa_tail(prefix, fill, last_loc, tail)
+        else:
+            outcome = self.make_room(fill - prefix, fill - prefix)
+            slots = outcome or self.allocator.alloc_extend([prefix], [fill], [last_loc])
+        if isinstance(slots, OutOfMemory):
+            self.undo_admission(request)
+            return slots
+        self.set_row(request, prefix, slots)
+        request.kv_allocated_len = request.kv_committed_len = fill
+        request.swa_evicted_seqlen = fill - tail
+        request.finished_prefill = True
+        return None
+
+    # -- prefill and decode ---------------------------------------------------------------
+
+    def prefill_chunk(self, rid: str, chunk_len: int, next_token: int = 0) -> OutOfMemory | None:
+        """[LIFE-4] Compute the next `chunk_len` prompt tokens (fewer at the end), then
+        checkpoint them into the prefix cache. The last chunk samples `next_token`."""
+        request = self.request(rid)
+        if request.finished_prefill:
+            raise InvalidRequest(f"request {rid!r} has finished its prefill; run decode steps")
+        if chunk_len < 1:
+            raise InvalidRequest(f"a prefill chunk needs chunk_len >= 1 (got {chunk_len})")
+        start = request.kv_committed_len
+        end = min(start + chunk_len, len(request.tokens))
+        if self.tree is None:  # no prefix cache: the scheduler evicts before each extend
+            free_swa_out_of_window_slots(self.allocator, request, start, self.window, self.page_size,
+                                         self.policy.version, eviction_interval=1)
+        pages = new_pages_for_extend(start, end, self.page_size)
+        last_loc = int(request.slots(start - 1, start)[0]) if start else -1
+        slots = self.make_room(pages, pages) or self.allocator.alloc_extend([start], [end], [last_loc])
+        if isinstance(slots, OutOfMemory):
+            return slots
+        self.set_row(request, start, slots)
+        request.kv_allocated_len = request.kv_committed_len = end
+        if self.tree is not None:
+            self.checkpoint(request, end, finished=False)
+        if end == len(request.tokens):
+            request.finished_prefill = True
+            request.tokens.append(next_token)
+        return None
+
+    def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:
+        """[LIFE-8] Window eviction when due (never on the first decode step), then one
+        slot for the last sampled token, whose KV the step writes; samples `next_token`."""
+        request = self.request(rid)
+        if not request.finished_prefill:
+            raise InvalidRequest(f"request {rid!r} is still in prefill; finish its prefill chunks first")
+        seq_len = len(request.tokens)
+        if len(request.tokens) + 1 > self.config.size_full:
+            raise InvalidRequest(f"request {rid!r} would outgrow the full pool; finish it")
+        if request.decode_steps >= 1 and decode_eviction_due(seq_len, request.swa_evicted_seqlen, self.window,
+                                                             self.policy.decode_eviction_interval):
+            self.allocator.free_group_begin()
+            free_swa_out_of_window_slots(self.allocator, request, seq_len - 1, self.window, self.page_size,
+                                         self.policy.version, eviction_interval=1)
+            self.allocator.free_group_end()
+        pages = new_pages_for_decode(seq_len, self.page_size)
+        last_loc = int(request.slots(seq_len - 2, seq_len - 1)[0])
+        slots = self.make_room(pages, pages) or self.allocator.alloc_decode([seq_len], [last_loc])
+        if isinstance(slots, OutOfMemory):
+            return slots
+        self.set_row(request, seq_len - 1, slots)
+        request.kv_allocated_len = request.kv_committed_len = seq_len
+        request.tokens.append(next_token)
+        request.decode_steps += 1
+        return None
+
+    # -- the prefix cache -----------------------------------------------------------------
+
+    def checkpoint(self, request: Request, up_to: int, finished: bool) -> None:
+        """[LIFE-4] Cache `[0, floor_page(up_to))` in the tree. An unfinished request
+        first releases the SWA KV that slid out of its window, so the insert tombstones
+        it. The request's row then points at the tree's slots, and its lock moves to
+        the new last node."""
+        tree = self.tree
+        if not finished:
+            tree.swa.free_out_of_window_slots(request, up_to - 1, eviction_interval=1)
+        end = insert_end(up_to, self.page_size)
+        node = tree.insert(request.tokens[:end], request.slots(0, end).clone(),
+                           request.cache_protected_len, request.swa_evicted_seqlen)
+        values = tree.path_values(node)
+        assert len(values) == end, "the inserted key ends at the returned node"
+        self.set_row(request, request.cache_protected_len, values[request.cache_protected_len:])
+        tree.unlock(request.lock)
+        request.lock = tree.lock(node)
+        request.cache_protected_len = end
+
+    # -- release ----------------------------------------------------------------------
+
+    def release(self, request: Request, checkpoint: bool, owned: int) -> None:
+        """[LIFE-5] Cache what the request owns (if `checkpoint`), free its private KV
+        (full only where its SWA is already released), unlock, and free the pages
+        allocated past what it owns."""
+        if checkpoint and self.tree is not None:
+            self.checkpoint(request, owned, finished=True)
+        plan = release_plan(request.cache_protected_len, request.swa_evicted_seqlen, owned,
+                            request.kv_allocated_len, self.page_size)
+        for (start, end), free in ((plan.full_only, self.allocator.free_full_segment),
+                                   (plan.full_and_swa, self.allocator.free_segment),
+                                   (plan.over_allocated, self.allocator.free_segment)):
+            if end > start:
+                free(request.slots(start, end), start)
+        if request.lock is not None:
+            self.tree.unlock(request.lock)
+            request.lock = None
+        self.drop(request)
+
+    def finish(self, rid: str, trim: int = 0) -> None:
+        """[LIFE-5] A finished request: its KV (less `trim` tokens after a stop, which are
+        not kept) goes into the prefix cache, the rest is freed."""
+        request = self.request(rid)
+        if not request.finished_prefill:
+            raise InvalidRequest(f"request {rid!r} cannot finish during prefill; abort it instead")
+        if not 0 <= trim <= request.kv_committed_len - request.cache_protected_len:
+            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its own tokens "
+                                 f"(0..{request.kv_committed_len - request.cache_protected_len})")
+        self.release(request, checkpoint=True, owned=request.kv_committed_len - trim)
+
+    def abort(self, rid: str) -> None:
+        """[LIFE-5] Release without caching."""
+        request = self.request(rid)
+        self.release(request, checkpoint=False, owned=request.kv_committed_len)
+
+    def retract(self, rid: str) -> None:
+        """[LIFE-5] Release without caching, and keep the request waiting to be admitted
+        again with every token it has."""
+        request = self.request(rid)
+        tokens = request.tokens
+        self.release(request, checkpoint=False, owned=request.kv_committed_len)
+        self.waiting[rid] = tokens
+
+    def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
+        """[LIFE-7] Evict from the prefix cache; returns the tokens freed per pool."""
+        if full_tokens < 0 or swa_tokens < 0:
+            raise InvalidRequest(f"evict needs non-negative token counts (got {full_tokens}, {swa_tokens})")
+        return (0, 0) if self.tree is None else self.tree.evict(full_tokens, swa_tokens)
+
+    # -- observation ------------------------------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(self.config, self.allocator.state(),
+                              tuple(r.view() for r in self.requests.values()),
+                              () if self.tree is None else self.tree.views(),
+                              None if self.tree is None else self.tree.ledgers())
+
+    def check_invariants(self, previous: EngineSnapshot | None = None, step: Step | None = None) -> EngineSnapshot:
+        """Check every invariant; on a violation raise with the state that explains it.
+        Returns the snapshot, to pass as `previous` next time."""
+        now = self.snapshot()
+        violations = engine_violations(previous, step, now)
+        if violations:
+            raise AssertionError("invariants violated after " + (str(step) if step else "this step") + ":\n  "
+                                 + "\n  ".join(map(str, violations)) + "\n" + describe(now))
+        return now
+
+
+def describe(snapshot: EngineSnapshot) -> str:
+    """A readable dump: pools, requests, and the tree."""
+    a = snapshot.allocator
+    lines = [f"full pool: {len(a.full.free_pages)}/{a.full.num_pages} pages free {sorted(a.full.free_pages)}",
+             f"SWA pool:  {len(a.swa.free_pages)}/{a.swa.num_pages} pages free {sorted(a.swa.free_pages)}"]
+    for r in snapshot.requests:
+        lines.append(f"request {r.rid}: protected {r.cache_protected_len}, cursor {r.swa_evicted_seqlen}, "
+                     f"allocated {r.kv_allocated_len}, committed {r.kv_committed_len}, seq {r.seq_len}, "
+                     f"decode steps {r.decode_steps}, node {r.last_node}, row {list(r.row)}")
+    for n in snapshot.nodes:
+        swa = "tombstone" if n.swa_value is None else list(n.swa_value)
+        lines.append(f"node {n.node_id} (parent {n.parent}) [{n.start}, {n.end}) locks {n.full_lock_ref}/"
+                     f"{n.swa_lock_ref} full {list(n.full_value)} swa {swa}")
+    if snapshot.ledgers:
+        lines.append(f"ledgers {snapshot.ledgers}")
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""What an engine shows of itself [OBS-1]: plain data, no torch, no live objects.
+
+The conformance suite checks invariants over these snapshots only, so any engine that
+can describe itself this way can be checked. Positions, slots and node ids are ints;
+node ids are opaque (only equality matters), the root is the node whose parent is None.
+"""
+
+from dataclasses import dataclass
+
+from .accounting import AllocatorState
+from .notation import Position, SlotId
+from .window import Policy
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """[MODEL-4] The configuration an engine is built with."""
+
+    page_size: int
+    window: int
+    size_full: int
+    size_swa: int
+    max_requests: int = 8
+    policy: Policy = Policy()
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """[LIFE-2] One request that holds KV (admitted, not yet released)."""
+
+    rid: str
+    row: tuple[SlotId, ...]
+    """Full slot of each position in [0, kv_allocated_len)."""
+    cache_protected_len: Position
+    """The prefix cache owns positions [0, here); the request owns the rest."""
+    swa_evicted_seqlen: Position
+    """The SWA cursor e: SWA KV of [cache_protected_len, e) is released."""
+    kv_allocated_len: Position
+    kv_committed_len: Position
+    """KV is written for positions [0, here); the window ends here."""
+    seq_len: Position
+    """Tokens known: prompt and outputs (the last output's KV is not yet written)."""
+    decode_steps: int
+    """Decode steps done; 0 during prefill."""
+    finished_prefill: bool
+    last_node: int | None
+    """The node the request's lock is on (None: no prefix cache)."""
+
+    @property
+    def swa_dead_lo(self) -> Position:
+        """[WIN-3] Where the request's own released SWA range starts."""
+        return self.cache_protected_len
+
+    @property
+    def swa_live_from(self) -> Position:
+        """First private position whose SWA KV is still live."""
+        return max(self.swa_evicted_seqlen, self.cache_protected_len)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """[TREE-1] One node of the prefix tree."""
+
+    node_id: int
+    parent: int | None
+    start: Position
+    """Position of the node's first token (its depth in tokens)."""
+    key: tuple[int, ...]
+    """Token ids, a whole number of pages (empty for the root)."""
+    full_value: tuple[SlotId, ...]
+    """Full slots of the node's tokens."""
+    swa_value: tuple[SlotId, ...] | None
+    """SWA slots of the node's tokens, None for an SWA tombstone."""
+    full_lock_ref: int
+    swa_lock_ref: int
+
+    @property
+    def end(self) -> Position:
+        return self.start + len(self.key)
+
+
+@dataclass(frozen=True)
+class Ledgers:
+    """[I12] The tree's own count of its tokens, evictable or protected, per component."""
+
+    full_evictable: int
+    full_protected: int
+    swa_evictable: int
+    swa_protected: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Everything observable of an engine between two operations."""
+
+    config: EngineConfig
+    allocator: AllocatorState
+    requests: tuple[RequestView, ...]
+    nodes: tuple[NodeView, ...]
+    """Every node, the root included; empty when the engine has no prefix cache."""
+    ledgers: Ledgers | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """[OBS-2] The operation that led from one snapshot to the next."""
+
+    operation: str
+    """admit, pd_admit, prefill_chunk, decode, finish, abort, retract or evict."""
+    rid: str | None = None
+    outcome: str = "ok"
+    """ok, or the name of the outcome (OutOfMemory, InvalidRequest...)."""
