@@ -82,9 +82,10 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
 
         def prompt(self, data) -> list[int]:
             stem = data.draw(st.sampled_from(self.stems))
-            keep = data.draw(st.integers(0, len(stem)))
-            tail = data.draw(st.lists(ALPHABET, max_size=longest_prompt - keep))
-            return (stem[:keep] + tail) or [0]
+            length = data.draw(st.integers(1, longest_prompt))
+            keep = data.draw(st.integers(0, min(len(stem), length)))
+            tail = data.draw(st.lists(ALPHABET, min_size=length - keep, max_size=length - keep))
+            return stem[:keep] + tail
 
         def running(self) -> int:
             return len(self.prefilling) + len(self.decoding)

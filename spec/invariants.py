@@ -92,41 +92,41 @@ def held_sequences(snapshot: EngineSnapshot) -> list[HeldSequence]:
 
 # -- allocator invariants over the engine's holders (spec/accounting.py) -------------------
 
-def free_list_sanity(now: EngineSnapshot) -> list[Violation]:
+def engine_free_list_violations(now: EngineSnapshot) -> list[Violation]:
     """[I1] Both free lists: no duplicate, no padding page, only pages of the pool."""
     pools = (now.allocator.full, now.allocator.swa)
     return [v for pool in pools for v in free_list_violations(pool) if v.clause == "I1"]
 
 
-def full_pool_conservation(now: EngineSnapshot) -> list[Violation]:
+def full_conservation_violations(now: EngineSnapshot) -> list[Violation]:
     """[I2] free + pending + held full pages == all full pages; requests hold [cpl, L),
     nodes their full values."""
     held = held_full_pages(held_sequences(now), now.config.page_size)
     return conservation_violations(now.allocator.full, held, "I2")
 
 
-def swa_pool_conservation(now: EngineSnapshot) -> list[Violation]:
+def swa_conservation_violations(now: EngineSnapshot) -> list[Violation]:
     """[I3] free + pending + held SWA pages == all SWA pages; requests hold the peers of
     [max(e, cpl), L), non-tombstone nodes the peers of their full values."""
     held = held_swa_pages(held_sequences(now), now.allocator.mapping, now.config.page_size)
     return conservation_violations(now.allocator.swa, held, "I3")
 
 
-def exclusive_ownership(now: EngineSnapshot) -> list[Violation]:
+def engine_ownership_violations(now: EngineSnapshot) -> list[Violation]:
     """[I4] Each held page, full or SWA, has one holder (a request or a node) and is not free."""
     sequences, allocator, page_size = held_sequences(now), now.allocator, now.config.page_size
     return [*ownership_violations(allocator.full, held_full_pages(sequences, page_size)),
             *ownership_violations(allocator.swa, held_swa_pages(sequences, allocator.mapping, page_size))]
 
 
-def mapping_consistency(now: EngineSnapshot) -> list[Violation]:
+def engine_mapping_violations(now: EngineSnapshot) -> list[Violation]:
     """[I5] Live-SWA positions of requests and nodes map to allocated SWA slots,
     injectively and page-in-step; every other full slot maps to 0."""
     allocator = now.allocator
     return mapping_violations(allocator.mapping, allocator.size_full, now.config.page_size, held_sequences(now), allocator.swa)
 
 
-def page_alignment(now: EngineSnapshot) -> list[Violation]:
+def engine_alignment_violations(now: EngineSnapshot) -> list[Violation]:
     """[I6] Held slots sit at their positions' in-page offsets (accounting); cpl and e are
     multiples of P for every request; every non-root node holds a non-empty key of whole
     pages from a page boundary."""
@@ -143,7 +143,7 @@ def page_alignment(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def free_group_sanity(now: EngineSnapshot) -> list[Violation]:
+def free_group_violations(now: EngineSnapshot) -> list[Violation]:
     """[I16] No page waits twice in an open free group (the rest of I16 is I1-I5, which
     count pending pages)."""
     pools = (now.allocator.full, now.allocator.swa)
@@ -152,7 +152,7 @@ def free_group_sanity(now: EngineSnapshot) -> list[Violation]:
 
 # -- cursors --------------------------------------------------------------------------------
 
-def cursor_bounds(now: EngineSnapshot) -> list[Violation]:
+def cursor_bound_violations(now: EngineSnapshot) -> list[Violation]:
     """[I7] For every request: the row has L slots, C <= L and e <= L."""
     found = []
     for r in now.requests:
@@ -164,7 +164,7 @@ def cursor_bounds(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def cursor_monotonicity(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+def cursor_monotonicity_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
     """[I7] For every request in both snapshots, neither e nor cpl decreases, and a cursor
     that advanced is at least the previous cpl (it is raised to the protected length
     before anything is freed)."""
@@ -201,7 +201,7 @@ def dead_swa_reason(now: EngineSnapshot, r: RequestView, path: list[NodeView], p
     return f"is below cache_protected_len {r.cache_protected_len}, but no node of the request's path covers it"
 
 
-def window_liveness(now: EngineSnapshot) -> list[Violation]:
+def window_liveness_violations(now: EngineSnapshot) -> list[Violation]:
     """[I8] Every position p in the window [max(0, C - W), C) of every request has live
     SWA KV: if p >= cpl, p is outside the dead range and mapping[row[p]] > 0; if p < cpl,
     the node of the request's path (root to last_node) that covers p is not a tombstone.
@@ -225,7 +225,7 @@ def window_liveness(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def decode_swa_bound(now: EngineSnapshot) -> list[Violation]:
+def decode_window_bound_violations(now: EngineSnapshot) -> list[Violation]:
     """[I9] A decoding request privately holds at most decode_window_bound(version, W, P, I)
     SWA slots, ceil_page(L) - max(e, cpl); one page more before its third decode step
     (the first never evicts). Without prefix sharing the first decode step is not
@@ -254,7 +254,7 @@ def chunk_step(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot)
     return before, after
 
 
-def chunk_swa_bound(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+def chunk_window_bound_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
     """[I9] After a prefill chunk (chunk_step) with insert end E = cpl, cursor e and the
     previous cpl c0: E - e <= eviction_span_bound(retention, P) if the eviction was not
     clamped, that is, the cursor moved past c0, or the frontier (pre_len = C - 1, the
@@ -291,7 +291,7 @@ def chunk_swa_bound(previous: EngineSnapshot, step: Step | None, now: EngineSnap
     return found
 
 
-def insert_boundary(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+def insert_boundary_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
     """[I10] After a prefill chunk (chunk_step) with insert end E = cpl > 0:
     insert_keeps_window(E, e, W) when the cursor moved past the previous cpl; last_node
     ends at E; and swa_match_length of its path (root's child to last_node) is E: the
@@ -316,12 +316,13 @@ def insert_boundary(previous: EngineSnapshot, step: Step | None, now: EngineSnap
 
 # -- locks, ledgers, tree -------------------------------------------------------------------
 
-def lock_references(now: EngineSnapshot) -> list[Violation]:
-    """[I11] Lock refs are >= 0; the root has both >= 1; full >= SWA on every other node,
-    whose full lock ref is the number of requests whose last_node is it or below it; the
-    nodes from each last_node up until min(W, depth) tokens are covered have SWA lock >= 1;
-    with no request every non-root lock ref is 0. A request's last_node exists and ends at
-    cpl, and row[0:cpl] is the full slots of its path (cpl is 0 without a last_node)."""
+def lock_violations(now: EngineSnapshot) -> list[Violation]:
+    """[I11, TREE-4] Lock refs are >= 0; the root has both >= 1; full >= SWA on every
+    other node, whose full lock ref is the number of requests whose last_node is it or
+    below it; the nodes from each last_node up until min(W, depth) tokens are covered
+    have SWA lock >= 1; with no request every non-root lock ref is 0. A request's
+    last_node exists and ends at cpl, and row[0:cpl] is the full slots of its path (cpl
+    is 0 without a last_node)."""
     found, nodes, window = [], node_index(now), now.config.window
     paths = {r.rid: path_to(nodes, r.last_node) for r in now.requests}
     path_locks = Counter(node.node_id for path in paths.values() for node in path)
@@ -364,7 +365,7 @@ def lock_references(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def ledger_consistency(now: EngineSnapshot) -> list[Violation]:
+def ledger_violations(now: EngineSnapshot) -> list[Violation]:
     """[I12] The tree's ledgers equal the sums over non-root nodes: full tokens split by
     full_lock_ref == 0 / > 0, SWA tokens of non-tombstone nodes split by swa_lock_ref."""
     if now.ledgers is None:
@@ -381,11 +382,11 @@ def ledger_consistency(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def tree_structure(now: EngineSnapshot) -> list[Violation]:
-    """[I13] Node ids are unique; one root, with an empty key at position 0; every node
-    reaches it through existing parents, and child.start == parent.end; a full value has
-    one slot per key token; an SWA value is None or equals mapping[full value]; siblings
-    differ in their first page key[:P]."""
+def tree_structure_violations(now: EngineSnapshot) -> list[Violation]:
+    """[I13, TREE-1] Node ids are unique; one root, with an empty key at position 0;
+    every node reaches it through existing parents, and child.start == parent.end; a full
+    value has one slot per key token; an SWA value is None or equals mapping[full value];
+    siblings differ in their first page key[:P]."""
     if not now.nodes:
         return []
     found, nodes, page_size = [], node_index(now), now.config.page_size
@@ -421,10 +422,11 @@ def tree_structure(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
-def locked_data_survives(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
-    """[I14] After an evict, prefill_chunk, decode, admit or pd_admit step, every (position,
-    full slot) of a node full-locked before is still one of some node, and every
-    (position, SWA slot) of a live node SWA-locked before is still one of a live node."""
+def eviction_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+    """[I14, TREE-5] After an evict, prefill_chunk, decode, admit or pd_admit step, every
+    (position, full slot) of a node full-locked before is still one of some node, and
+    every (position, SWA slot) of a live node SWA-locked before is still one of a live
+    node: eviction never frees locked KV."""
     if step is None or step.operation not in EVICTING_OPERATIONS:
         return []
     full_now = {pair for node in non_root_nodes(now) for pair in slot_pairs(node, node.full_value)}
@@ -440,16 +442,20 @@ def locked_data_survives(previous: EngineSnapshot, step: Step | None, now: Engin
     return found
 
 
-def failed_step_atomicity(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
-    """[I15] A step that ended in OutOfMemory leaves its request as it was: the same
-    RequestView if it existed before, still absent if it did not."""
+def atomicity_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+    """[I15] A step that ended in OutOfMemory leaves its request as it was: still absent
+    if it was absent, else the same RequestView except the SWA cursor, which the window
+    eviction that runs before a decode's allocation may have advanced (I7, I8 check it)."""
     if step is None or step.outcome != "OutOfMemory" or step.rid is None:
         return []
     before, after = find_request(previous, step.rid), find_request(now, step.rid)
     if before is None and after is not None:
         return [Violation("I15", f"request {step.rid} holds KV after a failed {step.operation} step (OutOfMemory)")]
-    if before is not None and after != before:
-        changed = [f.name for f in fields(RequestView) if after is None or getattr(before, f.name) != getattr(after, f.name)]
+    if before is None:
+        return []
+    changed = [f.name for f in fields(RequestView)
+               if f.name != "swa_evicted_seqlen" and (after is None or getattr(before, f.name) != getattr(after, f.name))]
+    if changed:
         return [Violation("I15", f"request {step.rid} changed ({', '.join(changed)}) in a failed {step.operation} step (OutOfMemory)")]
     return []
 
@@ -471,24 +477,24 @@ class Invariant:
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("I1", "leak", free_list_sanity, False),
-    Invariant("I2", "leak", full_pool_conservation, False),
-    Invariant("I3", "leak", swa_pool_conservation, False),
-    Invariant("I4", "ownership", exclusive_ownership, False),
-    Invariant("I5", "mapping", mapping_consistency, False),
-    Invariant("I6", "alignment", page_alignment, False),
-    Invariant("I7", "alignment", cursor_bounds, False),
-    Invariant("I7", "alignment", cursor_monotonicity, True),
-    Invariant("I8", "window-liveness", window_liveness, False),
-    Invariant("I9", "window-bound", decode_swa_bound, False),
-    Invariant("I9", "window-bound", chunk_swa_bound, True),
-    Invariant("I10", "window-bound", insert_boundary, True),
-    Invariant("I11", "locks", lock_references, False),
-    Invariant("I12", "locks", ledger_consistency, False),
-    Invariant("I13", "mapping", tree_structure, False),
-    Invariant("I14", "locks", locked_data_survives, True),
-    Invariant("I15", "atomicity", failed_step_atomicity, True),
-    Invariant("I16", "leak", free_group_sanity, False),
+    Invariant("I1", "leak", engine_free_list_violations, False),
+    Invariant("I2", "leak", full_conservation_violations, False),
+    Invariant("I3", "leak", swa_conservation_violations, False),
+    Invariant("I4", "ownership", engine_ownership_violations, False),
+    Invariant("I5", "mapping", engine_mapping_violations, False),
+    Invariant("I6", "alignment", engine_alignment_violations, False),
+    Invariant("I7", "alignment", cursor_bound_violations, False),
+    Invariant("I7", "alignment", cursor_monotonicity_violations, True),
+    Invariant("I8", "window-liveness", window_liveness_violations, False),
+    Invariant("I9", "window-bound", decode_window_bound_violations, False),
+    Invariant("I9", "window-bound", chunk_window_bound_violations, True),
+    Invariant("I10", "window-bound", insert_boundary_violations, True),
+    Invariant("I11", "locks", lock_violations, False),
+    Invariant("I12", "locks", ledger_violations, False),
+    Invariant("I13", "mapping", tree_structure_violations, False),
+    Invariant("I14", "locks", eviction_violations, True),
+    Invariant("I15", "atomicity", atomicity_violations, True),
+    Invariant("I16", "leak", free_group_violations, False),
 )
 
 

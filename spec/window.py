@@ -164,7 +164,7 @@ def swa_tail_len(fill_len: Position, window: int, page_size: int, prefix_sharing
 
 
 def swa_match_length(path: list[tuple[int, bool]], window: int) -> int:
-    """[WIN-7] How far a prefix match may go along a root-to-leaf path of
+    """[WIN-7, TREE-2] How far a prefix match may go along a root-to-leaf path of
     `(key_length, has_live_swa)` nodes: to the deepest node at which the live SWA run
     is unbroken from the root, or at least `window` tokens long after the last
     tombstone. (A match ending there still sees its whole window.)
@@ -188,10 +188,38 @@ def swa_match_length(path: list[tuple[int, bool]], window: int) -> int:
 
 
 def insert_keeps_window(insert_end: Position, cursor: Position, window: int) -> bool:
-    """[I10] After a checkpoint inserts `[0, insert_end)`, the live SWA of the new leaf,
+    """[I10, TREE-3] After a checkpoint inserts `[0, insert_end)`, the live SWA of the new leaf,
     `[cursor, insert_end)`, is at least `min(W, insert_end)` long: the leaf stays
     matchable and is never all-tombstone.
 
     pre: window >= 1 and 0 <= cursor
     """
     return insert_end - cursor >= min(window, insert_end)
+
+
+def promises_insert_window(version: str) -> bool:
+    """[I10] The policy versions whose retention keeps every inserted leaf matchable:
+    those that round the window up to a page or add one (WIN-2)."""
+    return version in (SGLANG_0_5_23, DESIGN_MARGIN)
+
+
+def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: Position,
+                        window: int, page_size: int, version: str) -> tuple[Position, Position]:
+    """[I10, WIN-4] The insert end and the cursor of a checkpoint of an unfinished
+    request: the window eviction first (pre_len = up_to - 1, interval 1), then the
+    insert of `[0, floor_page(up_to))`. Where the cursor moved past the protected
+    length, the versions that promise it leave the new leaf at least min(W, E) live
+    tokens. (During a chunked prefill the cursor is never above the protected length: each
+    checkpoint's insert end lies above the cursor it leaves. CrossHair finds the
+    counterexample without that precondition.)
+
+    pre: page_size >= 1 and window >= 1
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: cursor >= 0 and cursor % page_size == 0
+    pre: cache_protected_len % page_size == 0 and 0 <= cache_protected_len < up_to
+    pre: cursor <= cache_protected_len
+    post: not promises_insert_window(version) or __return__[1] <= cache_protected_len or insert_keeps_window(__return__[0], __return__[1], window)
+    """
+    decision = eviction_frontier(up_to - 1, cursor, cache_protected_len, window, page_size, version, 1)
+    new_cursor = cursor if decision is None else decision.new_cursor
+    return floor_page(up_to, page_size), new_cursor

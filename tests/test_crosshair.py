@@ -1,6 +1,7 @@
 """CrossHair really checks the spec's contracts: it finds the counterexample in a seeded
 bug (so the `crosshair check` step of CI can fail), and it finds none in a sound copy."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import pytest
 SPEC = Path(__file__).resolve().parents[1] / "spec"
 
 
-def crosshair(target: str) -> subprocess.CompletedProcess:
+def crosshair(target: str, seconds: int = 4) -> subprocess.CompletedProcess:
+    # run beside the copy, so that `spec` imports the seeded copy, not this checkout's
     return subprocess.run([sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316",
-                           "--per_condition_timeout=4", target], capture_output=True, text=True)
+                           f"--per_condition_timeout={seconds}", target], capture_output=True, text=True,
+                          cwd=Path(target).parent.parent)
 
 
 @pytest.fixture
@@ -51,3 +54,33 @@ def test_crosshair_finds_a_full_page_count_given_to_the_swa_pool(spec_copy):
                 "swa_pages=new_pages_for_extend(prefix_len, seq_len, page_size)")
     result = crosshair(path)
     assert result.returncode == 1 and "swa_tail_split" in result.stdout, result.stdout + result.stderr
+
+
+BOUNDED = "    pre: page_size <= 8 and window <= 16 and up_to <= 64\n"
+
+
+def bounded_checkpoint(spec_copy: Path, versions: str) -> str:
+    """checkpoint_eviction's I10 contract, over small bounded configurations (so the
+    symbolic search is decisive within seconds) and the given versions."""
+    target = seed(spec_copy, "window.py", "checkpoint_eviction", "    pre: cursor <= cache_protected_len\n",
+                  f"    pre: cursor <= cache_protected_len\n{BOUNDED}    pre: version in {versions}\n")
+    return target
+
+
+def test_crosshair_finds_the_insert_window_counterexample_of_drop_margin(spec_copy):
+    """[I10] Claim the insert window for drop-margin too: CrossHair finds a checkpoint
+    whose new leaf keeps fewer than min(W, E) live tokens, with a window that is not a
+    page multiple (WIN-2: unsafe exactly when 1 <= W % P <= P - 2)."""
+    seed(spec_copy, "window.py", "promises_insert_window",
+         "return version in (SGLANG_0_5_23, DESIGN_MARGIN)", "return True")
+    result = crosshair(bounded_checkpoint(spec_copy, "('drop-margin',)"), seconds=60)
+    found = re.search(r"checkpoint_eviction\((\d+), (\d+), (\d+), (\d+), (\d+), '([a-z0-9.-]+)'\)", result.stdout)
+    assert result.returncode == 1 and found, result.stdout + result.stderr
+    window, page_size = int(found[4]), int(found[5])
+    assert 1 <= window % page_size <= page_size - 2
+
+
+def test_crosshair_finds_no_insert_window_counterexample_for_the_promising_versions(spec_copy):
+    """[I10] The same bounded search finds nothing for sglang-0.5.23 and design-margin."""
+    result = crosshair(bounded_checkpoint(spec_copy, "('sglang-0.5.23', 'design-margin')"), seconds=30)
+    assert result.returncode == 0, result.stdout + result.stderr

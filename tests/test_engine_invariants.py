@@ -147,7 +147,8 @@ def test_every_clause_is_registered_once_per_part_with_a_known_class():
 
 def test_every_check_names_its_clause_first_in_its_docstring():
     for invariant in INVARIANTS:
-        assert invariant.function.__doc__.startswith(f"[{invariant.clause}] "), invariant.function.__name__
+        first_claim = invariant.function.__doc__.split("]")[0] + "]"
+        assert first_claim.startswith(f"[{invariant.clause}") and first_claim[len(invariant.clause) + 1] in "],", first_claim
 
 
 def test_an_unknown_class_fails_at_definition_time():
@@ -168,6 +169,8 @@ def test_an_unknown_class_fails_at_definition_time():
     pytest.param(None, None, engine(cursor=20, policy=Policy(decode_eviction_interval=1), **LONG_DECODE), id="decode-interval-1"),
     pytest.param(engine(prefix_cache=False, tree="none", cursor=12), DECODE, engine(prefix_cache=False, tree="none", cursor=12), id="no-prefix-cache"),
     pytest.param(engine(), Step("decode", "r1", "OutOfMemory"), engine(), id="failed-decode-changes-nothing"),
+    pytest.param(engine(**LONG_DECODE), Step("decode", "r1", "OutOfMemory"), engine(cursor=20, **LONG_DECODE),
+                 id="failed-decode-after-its-window-eviction"),
 ])
 def test_a_consistent_engine_has_no_violations(previous, step, now):
     assert engine_violations(previous, step, now) == []
