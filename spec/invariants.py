@@ -87,6 +87,7 @@ def holders(snapshot: EngineSnapshot) -> list[tuple[str, HeldSequence]]:
 
 
 def held_sequences(snapshot: EngineSnapshot) -> list[HeldSequence]:
+    """[OBS-1] What every holder holds: requests their private positions, nodes theirs."""
     return [sequence for _, sequence in holders(snapshot)]
 
 

@@ -14,11 +14,7 @@ SPEC_MODULES = sorted(f"kvspec.spec.{module.name}" for module in pkgutil.iter_mo
 # Known gaps, each with its reason. The tests below require the gaps found to be exactly
 # these, so closing one fails a test until its entry is removed here.
 CLAUSES_WITHOUT_DEFINITION: dict[str, str] = {}
-CLAIMS_WITHOUT_CHAPTER = {
-    "LIFE-1": "claimed by InvalidRequest; the request lifecycle chapter is not written yet",
-    **{clause: "the prefix tree, lifecycle and I7-I15 chapters are being written (issue 3)"
-       for clause in ("I10", "LIFE-2", "LIFE-3", "LIFE-4", "LIFE-5", "TREE-1", "OBS-1", "OBS-2")},
-}
+CLAIMS_WITHOUT_CHAPTER: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
