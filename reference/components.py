@@ -1,4 +1,4 @@
-"""The components of the prefix tree [TREE-3 .. TREE-5, WIN-3]: what Full and SWA each
+"""The components of the prefix tree [TREE-2 .. TREE-5, WIN-3]: what Full and SWA each
 keep per node, and their hooks: match validator, insert overlap and commit, lock and
 unlock, eviction, and `free_out_of_window_slots` (a no-op except for SWA).
 
@@ -90,7 +90,7 @@ class SWAComponent:
     # -- matching -------------------------------------------------------------------------
 
     def match_validator(self) -> Callable[["Node"], bool]:
-        """[WIN-7] Accept a node when no tombstone lies above it, or when at least
+        """[WIN-7, TREE-2] Accept a node when no tombstone lies above it, or when at least
         `window` tokens of live SWA follow the last tombstone."""
         live_run = [None]
 

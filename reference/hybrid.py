@@ -96,8 +96,12 @@ class HybridAllocator:
         """[ALLOC-1] Grow each request from prefix_len to seq_len tokens in both pools; the
         SWA side continues after `mapping[last_loc]`."""
         swa_last = self.swa_last_loc(last_loc)
-        full_plans = self.full.plan_extend(prefix_lens, seq_lens, last_loc)
-        swa_plans = self.swa.plan_extend(prefix_lens, seq_lens, swa_last)
+        return self.place_in_both(self.full.plan_extend(prefix_lens, seq_lens, last_loc),
+                                  self.swa.plan_extend(prefix_lens, seq_lens, swa_last), last_loc, swa_last)
+
+    def place_in_both(self, full_plans, swa_plans, last_loc, swa_last) -> Slots | OutOfMemory:
+        """[ALLOC-2] One capacity check for both pools, then each lays the same positions
+        on its own new pages, and the mapping pairs them."""
         pages = sum(plan.new_pages for plan in full_plans)
         shortfall = self.capacity_shortfall(pages, pages)
         if shortfall:
@@ -114,16 +118,8 @@ class HybridAllocator:
             if seq < 1:
                 raise InvalidAllocation(f"a decode step grows a request to seq_len >= 1 (got {seq})")
         swa_last = self.swa_last_loc(last_loc)
-        full_plans = self.full.plan_decode(seq_lens, last_loc)
-        swa_plans = self.swa.plan_decode(seq_lens, swa_last)
-        pages = sum(plan.new_pages for plan in full_plans)
-        shortfall = self.capacity_shortfall(pages, pages)
-        if shortfall:
-            return shortfall
-        full_slots = self.full.place_extend(full_plans, last_loc, self.full.take_pages(pages))
-        swa_slots = self.swa.place_extend(swa_plans, swa_last, self.swa.take_pages(pages))
-        self.set_mapping(full_slots, swa_slots)
-        return full_slots
+        return self.place_in_both(self.full.plan_decode(seq_lens, last_loc),
+                                  self.swa.plan_decode(seq_lens, swa_last), last_loc, swa_last)
 
     def alloc_extend_swa_tail(self, prefix_len: int, seq_len: int, last_loc: int,
                               swa_tail_len: int) -> Slots | OutOfMemory:

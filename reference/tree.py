@@ -98,8 +98,17 @@ class PrefixTree:
             matched += self.page_size
         return matched
 
+    def step_down(self, node: Node, key) -> Node | None:
+        """The child of `node` that continues `key`, split where `key` leaves it; None
+        when no child starts with the next page of `key`."""
+        child = node.children.get(self.page_key(key, node.end))
+        if child is None:
+            return None
+        matched = self.matched_pages(child, key, node.end)
+        return self.split(child, matched) if matched < len(child) else child
+
     def split(self, node: Node, at: int) -> Node:
-        """[TREE-2] Cut `node` after `at` tokens: a new parent takes the first `at`
+        """[TREE-1] Cut `node` after `at` tokens: a new parent takes the first `at`
         tokens, `node` keeps the rest. Lock counts are copied to the new parent (every
         lock through the node goes through it) and segment-lock boundaries move up."""
         assert 0 < at < len(node) and at % self.page_size == 0, "splits fall on page boundaries inside a node"
@@ -148,18 +157,12 @@ class PrefixTree:
     # -- matching ---------------------------------------------------------------------
 
     def match(self, key) -> tuple[Node, int]:
-        """[TREE-3] The deepest node along `key` (page-aligned) that every component
+        """[TREE-2] The deepest node along `key` (page-aligned) that every component
         accepts as a match end, and its depth. A mismatch inside a node splits it."""
         key = tuple(key[:len(key) // self.page_size * self.page_size])
         accepts = [component.match_validator() for component in self.components]
         node, best = self.root, self.root
-        while node.end < len(key):
-            child = node.children.get(self.page_key(key, node.end))
-            if child is None:
-                break
-            matched = self.matched_pages(child, key, node.end)
-            if matched < len(child):
-                child = self.split(child, matched)
+        while node.end < len(key) and (child := self.step_down(node, key)) is not None:
             node = child
             if all([accept(node) for accept in accepts]):  # every validator sees every node
                 best = node
@@ -189,13 +192,7 @@ class PrefixTree:
         Returns the node that ends at `len(key)`."""
         assert len(key) % self.page_size == 0 and len(value) == len(key)
         node = self.root
-        while node.end < len(key):
-            child = node.children.get(self.page_key(key, node.end))
-            if child is None:
-                break
-            matched = self.matched_pages(child, key, node.end)
-            if matched < len(child):
-                child = self.split(child, matched)
+        while node.end < len(key) and (child := self.step_down(node, key)) is not None:
             child.full_access = next(self.clock)
             if child.end > prev_prefix_len:
                 child = self.swa.on_insert_overlap(child, value, swa_cursor)
