@@ -2,8 +2,10 @@
 
     kvspec check [--adapter reference] [--profile quick|ci|deep] [--seed N]
 
-runs the allocator-tier state machine at page sizes 1, 2, 4 and 16 and prints a summary
-table. Exit status: 0 conformant, 1 a violation was found, 2 usage or adapter error.
+runs the allocator-tier state machine at page sizes 1, 2, 4 and 16 and the engine-tier
+state machine (request lifecycles) at windows that are and are not page multiples,
+then prints a summary table. Exit status: 0 conformant, 1 a violation was found, 2
+usage or adapter error.
 """
 
 import argparse
@@ -14,18 +16,32 @@ import traceback
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.spec.window import Policy
+
 from .allocator_machine import allocator_machine
+from .engine_machine import engine_machine
 from .profiles import PROFILES, profile
 
 PAGE_SIZES = (1, 2, 4, 16)
+ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
+    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 128), (16, 5, 4))
 
 
 def load_adapter(name: str):
-    """The allocator factory of a named adapter."""
+    """The (allocator factory, engine factory) of a named adapter."""
     if name == "reference":
-        from kvspec.adapters.reference import ReferenceAllocatorAdapter
-        return ReferenceAllocatorAdapter
+        from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
+        return ReferenceAllocatorAdapter, ReferenceEngineAdapter
     raise UsageError(f"unknown adapter {name!r}; available: reference")
+
+
+def machines(make_allocator, make_engine):
+    """(label, state machine) of every run a check makes."""
+    for page_size in PAGE_SIZES:
+        yield f"allocator P={page_size}", allocator_machine(make_allocator, page_size)
+    for page_size, window, interval in ENGINE_CONFIGS:
+        yield (f"engine P={page_size} W={window} I={interval}",
+               engine_machine(make_engine, page_size, window, Policy(decode_eviction_interval=interval)))
 
 
 class UsageError(Exception):
@@ -33,14 +49,13 @@ class UsageError(Exception):
 
 
 def check(args) -> int:
-    make_allocator = load_adapter(args.adapter)
+    runs = list(machines(*load_adapter(args.adapter)))
     rows, failed = [], False
-    print(f"kvspec check: adapter {args.adapter}, profile {args.profile}, page sizes {PAGE_SIZES}", flush=True)
-    for index, page_size in enumerate(PAGE_SIZES, 1):
-        machine = allocator_machine(make_allocator, page_size)
+    print(f"kvspec check: adapter {args.adapter}, profile {args.profile}", flush=True)
+    for index, (label, machine) in enumerate(runs, 1):
         if args.seed is not None:
             machine.TestCase = hypothesis_seed(args.seed)(machine.TestCase)
-        print(f"[{index}/{len(PAGE_SIZES)}] allocator tier, page_size {page_size} ...", end=" ", flush=True)
+        print(f"[{index}/{len(runs)}] {label} ...", end=" ", flush=True)
         started = time.perf_counter()
         try:
             run_state_machine_as_test(machine, settings=profile(args.profile))
@@ -51,11 +66,11 @@ def check(args) -> int:
             traceback.print_exc()
         elapsed = time.perf_counter() - started
         print(f"{verdict} ({elapsed:.1f} s)", flush=True)
-        rows.append((page_size, machine.examples, machine.steps, verdict, elapsed))
+        rows.append((label, machine.examples, machine.steps, verdict, elapsed))
     print()
-    print(f"{'page_size':>9}  {'examples':>8}  {'steps':>7}  {'steps/s':>8}  result")
-    for page_size, examples, steps, verdict, elapsed in rows:
-        print(f"{page_size:>9}  {examples:>8}  {steps:>7}  {steps / elapsed:>8.0f}  {verdict}")
+    print(f"{'run':<26}  {'examples':>8}  {'steps':>7}  {'steps/s':>8}  result")
+    for label, examples, steps, verdict, elapsed in rows:
+        print(f"{label:<26}  {examples:>8}  {steps:>7}  {steps / elapsed:>8.0f}  {verdict}")
     return 1 if failed else 0
 
 

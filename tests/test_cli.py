@@ -1,0 +1,21 @@
+"""The `kvspec` command: the main job of the README, and its exit statuses."""
+
+import subprocess
+
+
+def kvspec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["kvspec", *args], capture_output=True, text=True)
+
+
+def test_check_of_the_reference_passes_with_a_summary_table():
+    result = kvspec("check", "--adapter", "reference", "--profile", "quick", "--seed", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "allocator P=16" in result.stdout and "engine P=4 W=6 I=4" in result.stdout
+    assert "VIOLATED" not in result.stdout
+
+
+def test_usage_errors_exit_2_with_a_message():
+    unknown = kvspec("check", "--adapter", "no-such-engine")
+    assert unknown.returncode == 2 and "unknown adapter 'no-such-engine'" in unknown.stderr
+    assert kvspec("check", "--profile", "forever").returncode == 2
+    assert kvspec().returncode == 2
