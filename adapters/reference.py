@@ -65,3 +65,14 @@ class ReferenceEngineAdapter:
         if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict"}:
             return getattr(self.engine, operation)
         raise AttributeError(operation)
+
+
+class ADAPTER:
+    """kvspec's reference model, as an adapter (see kvspec.conformance.protocol)."""
+
+    name = "reference"
+    policy_version = "sglang-0.5.23"
+    capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
+                    "chunked_prefill", "pd_decode")
+    make_allocator = ReferenceAllocatorAdapter
+    make_engine = ReferenceEngineAdapter

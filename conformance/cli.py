@@ -21,35 +21,27 @@ from kvspec.spec.window import Policy
 from .allocator_machine import allocator_machine
 from .engine_machine import engine_machine
 from .profiles import PROFILES, profile
+from .protocol import Adapter, AdapterError, load_adapter
 
 PAGE_SIZES = (1, 2, 4, 16)
 ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
     (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 128), (16, 5, 4))
 
 
-def load_adapter(name: str):
-    """The (allocator factory, engine factory) of a named adapter."""
-    if name == "reference":
-        from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
-        return ReferenceAllocatorAdapter, ReferenceEngineAdapter
-    raise UsageError(f"unknown adapter {name!r}; available: reference")
-
-
-def machines(make_allocator, make_engine):
-    """(label, state machine) of every run a check makes."""
-    for page_size in PAGE_SIZES:
-        yield f"allocator P={page_size}", allocator_machine(make_allocator, page_size)
-    for page_size, window, interval in ENGINE_CONFIGS:
-        yield (f"engine P={page_size} W={window} I={interval}",
-               engine_machine(make_engine, page_size, window, Policy(decode_eviction_interval=interval)))
-
-
-class UsageError(Exception):
-    """A mistake in how kvspec was called: exit status 2."""
+def machines(adapter: Adapter):
+    """(label, state machine) of every run a check makes, for the tiers the adapter has."""
+    if adapter.make_allocator is not None:
+        for page_size in PAGE_SIZES:
+            yield f"allocator P={page_size}", allocator_machine(adapter.make_allocator, page_size)
+    if adapter.make_engine is not None:
+        for page_size, window, interval in ENGINE_CONFIGS:
+            policy = Policy(adapter.policy_version, decode_eviction_interval=interval)
+            yield (f"engine P={page_size} W={window} I={interval}",
+                   engine_machine(adapter.make_engine, page_size, window, policy))
 
 
 def check(args) -> int:
-    runs = list(machines(*load_adapter(args.adapter)))
+    runs = list(machines(load_adapter(args.adapter)))
     rows, failed = [], False
     print(f"kvspec check: adapter {args.adapter}, profile {args.profile}", flush=True)
     for index, (label, machine) in enumerate(runs, 1):
@@ -60,6 +52,8 @@ def check(args) -> int:
         try:
             run_state_machine_as_test(machine, settings=profile(args.profile))
             verdict = "ok"
+        except AdapterError:
+            raise
         except Exception:  # a violation: Hypothesis has shrunk it and printed the steps
             verdict, failed = "VIOLATED", True
             print()
@@ -84,7 +78,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return check(args)
-    except UsageError as error:
+    except AdapterError as error:
         print(f"kvspec: {error}", file=sys.stderr)
         return 2
 

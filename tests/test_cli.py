@@ -1,6 +1,9 @@
 """The `kvspec` command: the main job of the README, and its exit statuses."""
 
 import subprocess
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
 
 
 def kvspec(*args: str) -> subprocess.CompletedProcess:
@@ -19,3 +22,17 @@ def test_usage_errors_exit_2_with_a_message():
     assert unknown.returncode == 2 and "unknown adapter 'no-such-engine'" in unknown.stderr
     assert kvspec("check", "--profile", "forever").returncode == 2
     assert kvspec().returncode == 2
+
+
+def test_a_buggy_adapter_loaded_by_module_and_attribute_exits_1(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    result = kvspec("check", "--adapter", "sample_adapters:LEAKY", "--profile", "quick", "--seed", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "VIOLATED" in result.stdout and "[I2]" in result.stdout + result.stderr
+
+
+def test_an_adapter_missing_operations_exits_2_naming_them(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    result = kvspec("check", "--adapter", "sample_adapters:INCOMPLETE", "--profile", "quick")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "lacks available_sizes, alloc, alloc_extend" in result.stderr
