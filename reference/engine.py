@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.spec.invariants import engine_violations
-from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_plan
+from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_segments
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step
@@ -159,6 +159,9 @@ class Engine:
         """[LIFE-6] PD-decode: the prompt's KV arrives from a prefill server; allocate it
         with full KV for every token and SWA KV for the tail only (page_size > 1), and
         set the cursor to the tail's start so the head is never freed as SWA."""
+        if not prompt:
+            raise InvalidRequest(f"PD-decode request {rid!r} has no prompt; its KV comes from a prefill of "
+                                 f"at least one token")
         request = self.take_row(rid, list(prompt) + [first_output])
         if isinstance(request, OutOfMemory):
             return request
@@ -266,13 +269,10 @@ class Engine:
         allocated past what it owns."""
         if checkpoint and self.tree is not None:
             self.checkpoint(request, owned, finished=True)
-        plan = release_plan(request.cache_protected_len, request.swa_evicted_seqlen, owned,
-                            request.kv_allocated_len, self.page_size)
-        for (start, end), free in ((plan.full_only, self.allocator.free_full_segment),
-                                   (plan.full_and_swa, self.allocator.free_segment),
-                                   (plan.over_allocated, self.allocator.free_segment)):
-            if end > start:
-                free(request.slots(start, end), start)
+        for segment in release_segments(request.cache_protected_len, request.swa_evicted_seqlen, owned,
+                                        request.kv_allocated_len, self.page_size):
+            free = self.allocator.free_segment if segment.with_swa else self.allocator.free_full_segment
+            free(request.slots(segment.start, segment.end), segment.start)
         if request.lock is not None:
             self.tree.unlock(request.lock)
             request.lock = None

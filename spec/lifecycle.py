@@ -33,38 +33,40 @@ def insert_end(up_to: Position, page_size: int) -> Position:
 
 
 @dataclass(frozen=True)
-class ReleasePlan:
-    """[LIFE-5] How a released request's own KV is freed."""
+class ReleaseSegment:
+    """[LIFE-5] One row segment a release frees."""
 
-    full_only: tuple[Position, Position]
-    """Positions whose SWA KV the request already released: free the full side only."""
-    full_and_swa: tuple[Position, Position]
-    """Positions with both sides live: free both."""
-    over_allocated: tuple[Position, Position]
-    """Pages allocated past what the request owns (after a stop): free both."""
+    start: Position
+    end: Position
+    with_swa: bool
+    """Free full and SWA KV; False: the SWA KV is already released, free the full side only."""
 
 
-def release_plan(cache_protected_len: Position, swa_evicted_seqlen: Position, owned: Position,
-                 kv_allocated_len: Position, page_size: int) -> ReleasePlan:
-    """[LIFE-5] Split the request's private range `[cache_protected_len, owned)` at its
-    SWA cursor (the dead part is freed full-only), and free whole pages from
-    `ceil_page(owned)` to `kv_allocated_len` as over-allocation. The three ranges are
-    disjoint, each non-empty one starts on a page boundary, and together they cover every page the request holds.
+def release_segments(cache_protected_len: Position, swa_evicted_seqlen: Position, owned: Position,
+                     kv_allocated_len: Position, page_size: int) -> list[ReleaseSegment]:
+    """[LIFE-5] What a release frees: what the request owns, `[cache_protected_len,
+    owned)`, and what was allocated past it, from `ceil_page(owned)` to
+    `kv_allocated_len` (the page holding `owned - 1` goes with the owned part). Each is
+    split at the first position with live SWA, `max(e, cache_protected_len)`: below it
+    only the full side is freed.
 
     pre: page_size >= 1
     pre: cache_protected_len % page_size == 0 and swa_evicted_seqlen % page_size == 0
     pre: 0 <= cache_protected_len <= owned <= kv_allocated_len
-    post: __return__.full_only[0] == cache_protected_len
-    post: __return__.full_only[1] == __return__.full_and_swa[0]
-    post: __return__.full_and_swa[1] <= __return__.over_allocated[0] or __return__.over_allocated[0] == __return__.over_allocated[1]
-    post: __return__.full_and_swa[0] == __return__.full_and_swa[1] or __return__.full_and_swa[0] % page_size == 0
-    post: __return__.over_allocated[0] % page_size == 0
+    post: all(s.start < s.end and s.start % page_size == 0 for s in __return__)
+    post: all(a.end <= b.start for a, b in zip(__return__, __return__[1:]))
+    post: all(s.with_swa == (s.start >= max(swa_evicted_seqlen, cache_protected_len)) for s in __return__)
+    post: sum(s.end - s.start for s in __return__) == owned - cache_protected_len + max(0, kv_allocated_len - ceil_page(owned, page_size))
     """
     live_from = max(swa_evicted_seqlen, cache_protected_len)
-    dead_end = min(live_from, owned)
-    over = ceil_page(owned, page_size)
-    return ReleasePlan((cache_protected_len, dead_end), (dead_end, owned),
-                       (over, max(over, kv_allocated_len)))
+    segments = []
+    for start, end in ((cache_protected_len, owned), (ceil_page(owned, page_size), kv_allocated_len)):
+        dead_end = min(max(start, live_from), end)
+        if dead_end > start:
+            segments.append(ReleaseSegment(start, dead_end, with_swa=False))
+        if end > dead_end:
+            segments.append(ReleaseSegment(dead_end, end, with_swa=True))
+    return segments
 
 
 def pages_to_evict(needed_pages: int, free_pages: int) -> int:
