@@ -146,9 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.steps < 1:
         parser.error("--steps must be >= 1")
     torch.set_num_threads(1)  # the engine's tensors are tiny: threads only add overhead
-    rows = [row for page_size in arguments.page_sizes
-            for row in measure(page_size, arguments.steps, arguments.seed, arguments.window, arguments.policy,
-                               arguments.interval)]
+    try:
+        rows = [row for page_size in arguments.page_sizes
+                for row in measure(page_size, arguments.steps, arguments.seed, arguments.window, arguments.policy,
+                                   arguments.interval)]
+    except AssertionError as violation:  # check_invariants: e.g. drop-margin where 1 <= W % P <= P - 2 (I10)
+        print(f"the checked run stopped: {violation}", file=sys.stderr)
+        return 1
     print(markdown(rows))
     if arguments.json:
         with open(arguments.json, "w") as out:
