@@ -21,7 +21,7 @@ from hypothesis import note, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvspec.spec.invariants import engine_violations
-from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory
+from kvspec.spec.outcomes import InvalidRequest, OutOfMemory
 from kvspec.spec.snapshot import EngineConfig, Step
 from kvspec.spec.window import Policy
 

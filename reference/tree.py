@@ -18,7 +18,6 @@ import torch
 from kvspec.spec.snapshot import Ledgers, NodeView
 
 if TYPE_CHECKING:
-    from .components import FullComponent, SWAComponent
     from .hybrid import HybridAllocator
 
 
@@ -63,7 +62,7 @@ class TreeLock:
 
 class PrefixTree:
     def __init__(self, allocator: "HybridAllocator", page_size: int, window: int, version: str):
-        from .components import FullComponent, SWAComponent
+        from .components import FullComponent, SWAComponent  # they import this module
 
         self.allocator = allocator
         self.page_size = page_size

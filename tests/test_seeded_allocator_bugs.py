@@ -61,7 +61,7 @@ def failure_text(error: BaseException | None) -> str:
     step's own failure, which survives as its `__context__`.)"""
     if error is None:
         return ""
-    if isinstance(error, BaseExceptionGroup):
+    if hasattr(error, "exceptions"):  # an exception group (Python 3.11+, or its backport)
         text = "\n".join(failure_text(member) for member in error.exceptions)
     else:
         text = f"{type(error).__name__}: {error}"
