@@ -123,7 +123,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             """Several decode steps of one request (each checked), to slide past the window."""
             rid = data.draw(st.sampled_from(sorted(self.decoding)))
             for _ in range(steps):
-                view = next(r for r in self.engine.snapshot().requests if r.rid == rid)
+                view = next(r for r in self.previous.requests if r.rid == rid)
                 if view.seq_len + 2 > self.config.size_full:
                     break
                 if self.call("decode", rid, token) is not None:
@@ -134,7 +134,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), stop=st.booleans())
         def finish(self, data, stop):
             rid = data.draw(st.sampled_from(sorted(self.decoding)))
-            view = next(r for r in self.engine.snapshot().requests if r.rid == rid)
+            view = next(r for r in self.previous.requests if r.rid == rid)
             trim = data.draw(st.integers(0, min(2 * P, view.kv_committed_len - view.cache_protected_len))) if stop else 0
             self.call("finish", rid, trim)
             self.decoding.remove(rid)

@@ -16,7 +16,7 @@ import torch
 from kvspec.spec.accounting import PoolState
 from kvspec.spec.notation import PADDING_PAGE
 from kvspec.spec.outcomes import InvalidAllocation, InvalidConfig, InvalidFree, OutOfMemory
-from kvspec.spec.pages import ExtendPlacement, extend_placement, new_pages_for_decode
+from kvspec.spec.pages import ExtendPlacement, extend_placement
 
 Slots = torch.Tensor  # 1-D int64 tensor of slot ids
 
@@ -127,7 +127,10 @@ class PoolAllocator:
     def alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                      last_loc: Sequence[int]) -> Slots | OutOfMemory:
         """[ALLOC-1] Grow each request from prefix_len to seq_len tokens."""
-        plans = self.plan_extend(prefix_lens, seq_lens, last_loc)
+        return self.allocate(self.plan_extend(prefix_lens, seq_lens, last_loc), last_loc)
+
+    def allocate(self, plans: Sequence[ExtendPlacement], last_loc: Sequence[int]) -> Slots | OutOfMemory:
+        """Take the pages the plans need and lay the tokens on them."""
         pages = self.take_pages(sum(plan.new_pages for plan in plans))
         return pages if isinstance(pages, OutOfMemory) else self.place_extend(plans, last_loc, pages)
 
@@ -140,10 +143,8 @@ class PoolAllocator:
         for seq in seq_lens:
             if seq < 1:
                 raise InvalidAllocation(f"{self.name} pool: a decode step grows a request to seq_len >= 1 (got {seq})")
-        plans = self.plan_decode(seq_lens, last_loc)
-        assert sum(p.new_pages for p in plans) == sum(new_pages_for_decode(s, self.page_size) for s in seq_lens)
-        pages = self.take_pages(sum(plan.new_pages for plan in plans))
-        return pages if isinstance(pages, OutOfMemory) else self.place_extend(plans, last_loc, pages)
+        # an extend by one token takes new_pages_for_decode pages (PAGE-2's contract)
+        return self.allocate(self.plan_decode(seq_lens, last_loc), last_loc)
 
     # -- freeing ----------------------------------------------------------------------
 
