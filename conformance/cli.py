@@ -1,84 +1,182 @@
 """The `kvspec` command line.
 
-    kvspec check [--adapter reference] [--profile quick|ci|deep] [--seed N]
+    kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
+                   [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential]
+    kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
+    kvspec vectors --out DIR [--seed N]
+    kvspec diff-helpers --adapter X
 
-runs the allocator-tier state machine at page sizes 1, 2, 4 and 16 and the engine-tier
-state machine (request lifecycles) at windows that are and are not page multiples,
-then prints a summary table. Exit status: 0 conformant, 1 a violation was found, 2
-usage or adapter error.
+`check` runs the allocator-tier and engine-tier state machines (runs.py) in worker
+processes, shows each run as it ends, then a table per run and per invariant class, and
+saves each failure as a shrunk trace that `replay` reproduces. Exit status, for every
+command: 0 conformant, 1 a violation (or a crash, a hang, a divergence), 2 usage,
+adapter or trace errors.
 """
 
 import argparse
+import os
 import sys
 import time
-import traceback
 
-from hypothesis import seed as hypothesis_seed
-from hypothesis.stateful import run_state_machine_as_test
-
-from kvspec.spec.window import Policy
-
-from .allocator_machine import allocator_machine
-from .engine_machine import engine_machine
-from .profiles import PROFILES, profile
-from .protocol import Adapter, AdapterError, load_adapter
-
-PAGE_SIZES = (1, 2, 4, 16)
-ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
-    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 128), (16, 5, 4))
-
-
-def machines(adapter: Adapter):
-    """(label, state machine) of every run a check makes, for the tiers the adapter has."""
-    if adapter.make_allocator is not None:
-        for page_size in PAGE_SIZES:
-            yield f"allocator P={page_size}", allocator_machine(adapter.make_allocator, page_size)
-    if adapter.make_engine is not None:
-        for page_size, window, interval in ENGINE_CONFIGS:
-            policy = Policy(adapter.policy_version, decode_eviction_interval=interval)
-            yield (f"engine P={page_size} W={window} I={interval}",
-                   engine_machine(adapter.make_engine, page_size, window, policy))
+from .diff_helpers import add_command as add_diff_helpers
+from .checks import ImplementationCrash
+from .isolation import Journal, Lost, run_jobs
+from .profiles import PROFILES
+from .protocol import AdapterError, load_adapter
+from .replay import Replay, replay
+from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
+from .runs import Job, check_job, lost_check, machines, skipped_runs
+from .trace import TraceError, kvspec_version, load
+from .vectors import corpus_files, write_corpus
 
 
 def check(args) -> int:
-    runs = list(machines(load_adapter(args.adapter)))
-    rows, failed = [], False
-    print(f"kvspec check: adapter {args.adapter}, profile {args.profile}", flush=True)
-    for index, (label, machine) in enumerate(runs, 1):
-        if args.seed is not None:
-            machine.TestCase = hypothesis_seed(args.seed)(machine.TestCase)
-        print(f"[{index}/{len(runs)}] {label} ...", end=" ", flush=True)
-        started = time.perf_counter()
-        try:
-            run_state_machine_as_test(machine, settings=profile(args.profile))
-            verdict = "ok"
-        except AdapterError:
-            raise
-        except Exception:  # a violation: Hypothesis has shrunk it and printed the steps
-            verdict, failed = "VIOLATED", True
-            print()
-            traceback.print_exc()
-        elapsed = time.perf_counter() - started
-        print(f"{verdict} ({elapsed:.1f} s)", flush=True)
-        rows.append((label, machine.examples, machine.steps, verdict, elapsed))
+    adapter = load_adapter(args.adapter)
+    labels = [label for label, _ in machines(adapter)]
+    jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential) for label in labels]
+    print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
+          f"{len(jobs)} runs on {args.workers} worker(s){', against the reference' if args.differential else ''}",
+          flush=True)
+    for what, why in skipped_runs(adapter).items():
+        print(f"  skipped: {what}: {why}")
+    started, stamp = time.perf_counter(), utc_now()
+    results = {}
+
+    def done(job: Job, result):
+        if isinstance(result, BaseException):
+            raise result
+        results[job.label] = result
+        line = f"[{len(results)}/{len(jobs)}] {result.label}: {result.verdict}"
+        line += f", {result.steps} steps in {result.seconds:.1f} s" if result.steps else ""
+        print(line, flush=True)
+        if result.verdict != "ok":
+            print("    " + result.message.replace("\n", "\n    "))
+            if result.trace:
+                print(f"    trace ({result.trace_steps} steps): {result.trace}\n"
+                      f"    replay: kvspec replay {result.trace} --adapter {args.adapter}", flush=True)
+
+    run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done)
+    report = CheckReport(kvspec_version(), adapter.name, adapter.policy_version, args.profile, args.seed, stamp,
+                         time.perf_counter() - started, [results[label] for label in labels])
     print()
-    print(f"{'run':<26}  {'examples':>8}  {'steps':>7}  {'steps/s':>8}  result")
-    for label, examples, steps, verdict, elapsed in rows:
-        print(f"{label:<26}  {examples:>8}  {steps:>7}  {steps / elapsed:>8.0f}  {verdict}")
-    return 1 if failed else 0
+    print(run_table(report))
+    print()
+    print(class_table(report))
+    for path, write in ((args.json, write_json), (args.junit, write_junit)):
+        if path:
+            write(report, path)
+            print(f"wrote {path}")
+    return report.exit_status
+
+
+def isolated_check(job: Job, journal: Journal):
+    """A worker's job: an AdapterError travels back to the parent as the result."""
+    try:
+        return check_job(job, journal)
+    except AdapterError as error:
+        return error
+
+
+def isolated_replay(task: tuple[str, str, bool], journal: Journal) -> Replay | AdapterError:
+    path, adapter_spec, verbose = task
+    try:
+        return replay(load(path), load_adapter(adapter_spec), print if verbose else lambda line: None,
+                      journal=journal)
+    except (AdapterError, TraceError) as error:
+        return error
+
+
+def lost_replay(task, lost: Lost) -> Replay:
+    """A replay whose process died or hung, at the step it had started."""
+    failure = ImplementationCrash(lost.reason)
+    failure.kind = lost.kind
+    at = max(0, len(lost.steps) - 1)
+    return Replay(at, failure, stopped_at=at)
+
+
+def replay_command(args) -> int:
+    from pathlib import Path
+
+    target = Path(args.trace)
+    corpus = corpus_files(target) if target.is_dir() else [(target, None)]
+    traces = {path: load(path) for path, _ in corpus}  # every file parses before anything runs
+    load_adapter(args.adapter)
+    print(f"kvspec replay: {len(traces)} trace(s) on adapter {args.adapter}", flush=True)
+    failures = 0
+
+    def done(task, result):
+        nonlocal failures
+        if isinstance(result, (AdapterError, TraceError)):
+            raise result
+        path = Path(task[0])
+        trace = traces[path]
+        consumed = result.conforms and result.steps == len(trace.steps)
+        recorded = trace.violated
+        if result.conforms:
+            verdict = f"conforms: all {result.steps} steps" if consumed else \
+                f"only {result.steps} of {len(trace.steps)} steps consumed"
+        else:
+            verdict = result.verdict()
+            if recorded:
+                verdict = ("reproduced: " if result.reproduces(trace) else
+                           f"does not reproduce the recorded {', '.join(recorded)}: ") + verdict
+        failures += not consumed
+        print(f"{'ok  ' if consumed else 'FAIL'} {path.name}: {verdict}".replace("\n", "\n     "), flush=True)
+
+    run_jobs([(str(path), args.adapter, args.verbose) for path in traces], isolated_replay, lost_replay,
+             args.workers, args.step_timeout, done)
+    print(f"\n{len(traces) - failures} of {len(traces)} trace(s) replayed in full without a violation")
+    return 1 if failures else 0
+
+
+def vectors_command(args) -> int:
+    print(f"kvspec vectors: writing the conformance corpus to {args.out}", flush=True)
+    written = write_corpus(args.out, args.seed)
+    print(f"wrote {len(written)} vectors and index.json to {args.out}")
+    return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+
     check_parser = commands.add_parser("check", help="run the conformance state machines against an adapter")
-    check_parser.add_argument("--adapter", default="reference", help="adapter name (default: reference)")
+    check_parser.add_argument("--adapter", default="reference",
+                              help="adapter: a built-in name (reference, mutant-...), an entry point, or module:attribute")
     check_parser.add_argument("--profile", default="quick", choices=sorted(PROFILES), help="how hard to search")
     check_parser.add_argument("--seed", type=int, help="fix Hypothesis' seed to reproduce a run")
+    check_parser.add_argument("--json", metavar="FILE", help="write the report as JSON (schemas/report.schema.json)")
+    check_parser.add_argument("--junit", metavar="FILE", help="write the report as JUnit XML")
+    check_parser.add_argument("--traces", metavar="DIR", default="kvspec-traces",
+                              help="where counterexample traces are saved (default: kvspec-traces)")
+    check_parser.add_argument("--differential", action="store_true",
+                              help="also run every step on the reference and compare what the spec fixes (OBS-3)")
+    check_parser.set_defaults(func=check)
+
+    replay_parser = commands.add_parser("replay", help="replay a trace, or a directory of conformance vectors")
+    replay_parser.add_argument("trace", help="a .jsonl trace, or a directory written by `kvspec vectors`")
+    replay_parser.add_argument("--adapter", default="reference", help="adapter to replay on (default: reference)")
+    replay_parser.add_argument("--verbose", action="store_true", help="print each step as it is applied")
+    replay_parser.set_defaults(func=replay_command)
+
+    for command in (check_parser, replay_parser):
+        command.add_argument("-n", "--workers", type=int, default=1, metavar="WORKERS",
+                             help=f"runs in parallel, each in its own process (this machine has {os.cpu_count()} CPUs)")
+        command.add_argument("--step-timeout", type=float, default=60.0, metavar="SECONDS",
+                             help="a step that takes longer is a hang (default: 60)")
+
+    vectors_parser = commands.add_parser("vectors", help="write kvspec's conformance vectors from the reference")
+    vectors_parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the corpus to")
+    vectors_parser.add_argument("--seed", type=int, default=20261130, help="seed of the random lifecycles")
+    vectors_parser.set_defaults(func=vectors_command)
+
+    add_diff_helpers(commands)
     args = parser.parse_args(argv)
+    if getattr(args, "workers", 1) < 1:
+        parser.error("-n/--workers must be at least 1")
     try:
-        return check(args)
-    except AdapterError as error:
+        return args.func(args)
+    except (AdapterError, TraceError) as error:
         print(f"kvspec: {error}", file=sys.stderr)
         return 2
 

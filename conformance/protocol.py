@@ -4,7 +4,10 @@ An adapter is any object (a module, a class, an instance) with these attributes:
 
     name                 a short name for reports
     policy_version       the spec policy version it implements (kvspec.spec.window)
-    capabilities         a collection of CAPABILITIES it has; checks that need one it
+    capabilities         a collection of CAPABILITIES it has; rules that need one it
+                         lacks do not run, and the report says so
+    observables          optional: which of kvspec.conformance.checks.OBSERVABLES its
+                         snapshots fill in (default: all); checks that read one it
                          lacks are reported as skipped, never as passed
     make_allocator       (size_full, size_swa, page_size) -> allocator    allocator tier
     make_engine          (EngineConfig) -> engine                         engine tier
@@ -15,19 +18,22 @@ ENGINE_OPERATIONS (chapter 06 of the spec, plus `snapshot()`). Operations return
 data, an allocation either its slots or kvspec.spec.outcomes.OutOfMemory, and raise
 kvspec.spec.outcomes errors on misuse.
 
-`load_adapter(spec)` takes `reference` (and other built-in names), a name registered by
-a package under the entry-point group `kvspec.adapters`, or `module:attribute`, and
+`load_adapter(spec)` takes `reference` (and other built-in names: `mutant-<name>` for
+each seeded bug of kvspec.adapters.mutants), a name registered by a package under the
+entry-point group `kvspec.adapters`, or `module:attribute`, and
 validates what it finds, with errors that say what is missing and how to fix it.
 """
 
 import importlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from kvspec.spec.window import POLICY_VERSIONS
+
+from .checks import OBSERVABLES
 
 BUILT_IN = {"reference": "kvspec.adapters.reference:ADAPTER"}
 ENTRY_POINT_GROUP = "kvspec.adapters"
@@ -55,10 +61,20 @@ class Adapter:
     capabilities: frozenset[str]
     make_allocator: Callable | None
     make_engine: Callable | None
+    observables: frozenset[str] = frozenset(OBSERVABLES)
+    spec: str = ""
+    """What it was loaded by: a worker process loads it again by this."""
 
 
 def resolve(spec: str) -> Any:
     """The object an adapter spec names."""
+    if spec.startswith("mutant-"):
+        from kvspec.adapters.mutants import MUTANTS
+
+        if spec.removeprefix("mutant-") not in MUTANTS:
+            raise AdapterError(f"unknown mutant {spec!r}; the seeded bugs are "
+                               + ", ".join(f"mutant-{name}" for name in MUTANTS))
+        return MUTANTS[spec.removeprefix("mutant-")]
     target = BUILT_IN.get(spec)
     if target is None:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
@@ -93,6 +109,9 @@ def validate(candidate: Any, spec: str) -> Adapter:
     unknown = sorted(capabilities - set(CAPABILITIES))
     if unknown:
         problems.append(f"unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
+    observables = frozenset(getattr(candidate, "observables", OBSERVABLES))
+    if unknown := sorted(observables - set(OBSERVABLES)):
+        problems.append(f"unknown observables {unknown}; known: {', '.join(OBSERVABLES)}")
     make_allocator = getattr(candidate, "make_allocator", None)
     make_engine = getattr(candidate, "make_engine", None)
     if make_allocator is None and make_engine is None:
@@ -103,7 +122,7 @@ def validate(candidate: Any, spec: str) -> Adapter:
             problems.append(f"{label} must be callable")
     if problems:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
-    return Adapter(name, version, capabilities, make_allocator, make_engine)
+    return Adapter(name, version, capabilities, make_allocator, make_engine, observables, spec)
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:
@@ -136,6 +155,5 @@ def load_adapter(spec: str) -> Adapter:
 
         return build
 
-    return Adapter(adapter.name, adapter.policy_version, adapter.capabilities,
-                   checked(adapter.make_allocator, ALLOCATOR_OPERATIONS, "allocator"),
-                   checked(adapter.make_engine, ENGINE_OPERATIONS, "engine"))
+    return replace(adapter, make_allocator=checked(adapter.make_allocator, ALLOCATOR_OPERATIONS, "allocator"),
+                   make_engine=checked(adapter.make_engine, ENGINE_OPERATIONS, "engine"))

@@ -110,3 +110,14 @@ class Step:
     rid: str | None = None
     outcome: str = "ok"
     """ok, or the name of the outcome (OutOfMemory, InvalidRequest...)."""
+
+
+def fixed_observables(snapshot: EngineSnapshot, outcome: str) -> dict:
+    """[OBS-3] What the spec fixes after a step, as plain data: the outcome, the free
+    pages per pool, and per request [seq_len, kv_committed_len, kv_allocated_len,
+    cache_protected_len, swa_evicted_seqlen]."""
+    return {"outcome": outcome,
+            "free_full_pages": len(snapshot.allocator.full.free_pages),
+            "free_swa_pages": len(snapshot.allocator.swa.free_pages),
+            "requests": {r.rid: [r.seq_len, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len,
+                                 r.swa_evicted_seqlen] for r in snapshot.requests}}

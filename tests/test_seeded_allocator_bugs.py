@@ -8,7 +8,7 @@ fail would be a check that tests nothing (style.md)."""
 
 import pytest
 import torch
-from hypothesis import Phase, settings
+from hypothesis import Phase, seed, settings
 
 from kvspec.adapters.reference import ReferenceAllocatorAdapter
 from kvspec.conformance.allocator_machine import allocator_machine
@@ -20,9 +20,12 @@ from kvspec.spec.outcomes import InvalidFree, OutOfMemory
 
 # Shrinking is left out: it would make the file take minutes (each bug is found within
 # a few dozen examples, shrinking one takes 5 to 35 s), and the assertion is on the
-# clause, not on a minimal reproduction.
-SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+# clause, not on a minimal reproduction. A fixed seed, not derandomize: derandomize draws
+# one fixed sequence per test, and for the page-4 non-atomic decode that sequence missed
+# the bug in 345 examples where random seeds find it in 13 to 98.
+SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None, database=None,
                     phases=[Phase.explicit, Phase.generate])
+SEED = 20261130
 
 
 # -- harness ---------------------------------------------------------------------------------
@@ -72,6 +75,7 @@ def machine_failure(allocator_class: type[HybridAllocator], page_size: int) -> s
     """Run the allocator machine against `allocator_class`; return why it failed."""
     machine = allocator_machine(adapter_for(allocator_class), page_size)
     machine.TestCase.settings = SETTINGS
+    machine.TestCase = seed(SEED)(machine.TestCase)
     with pytest.raises(Exception) as info:  # what matters is the clause the text names
         machine.TestCase().runTest()
     return failure_text(info.value)
@@ -183,7 +187,9 @@ class FullPageCountToSwaTail(HybridAllocator):
 
 def test_full_page_count_on_the_swa_tail_side_breaks_i3():
     # only page_size > 1 allocates SWA tails in the machine; the head must cover a page
-    assert_caught(FullPageCountToSwaTail, 4, "I3")
+    # asking the SWA side for the full side's page count either fails while the SWA pool
+    # has room for the tail (ALLOC-2) or takes pages the tail never uses (I3)
+    assert_caught(FullPageCountToSwaTail, 4, "I3", "ALLOC-2")
 
 
 class NonAtomicDecode(HybridAllocator):

@@ -1,0 +1,305 @@
+"""The allocator-tier driver: applies portable steps to any hybrid allocator and checks
+every allocator invariant after each.
+
+The driver plays the allocator's caller. It holds sequences (rows of full slots, as
+requests and tree nodes do) and names them by index, so a step reads "extend sequence 1
+by 3 tokens", never "free slots 17, 18": the same steps run on any implementation.
+It grows sequences, forks them at a page-aligned prefix (a prefix-cache hit, by a plain
+extend or by the PD-decode SWA-tail pre-allocation), releases SWA KV from their front
+as window eviction does, frees them, and tries what a buggy caller would (double
+frees, the padding page, unaligned segments, full frees with live SWA peers), which the
+spec requires to be refused with no change. `drain` frees everything and requires
+every page free.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.spec.accounting import HeldSequence
+from kvspec.spec.allocator import new_pages_available, swa_tail_split
+from kvspec.spec.outcomes import KvSpecError, OutOfMemory
+from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
+
+from .checks import leak_clauses, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally, allocator_violations
+from .trace import TraceStep
+
+REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",
+            "free_swa_of_released", "free_unaligned_segment")
+
+
+@dataclass
+class Sequence:
+    """One run of positions the caller holds (see spec.accounting.HeldSequence)."""
+
+    row: list[int]
+    first: int = 0
+    swa_live_from: int = 0
+
+    def held(self) -> HeldSequence:
+        return HeldSequence(tuple(self.row[self.first:]), self.first, self.swa_live_from)
+
+    @property
+    def live_from(self) -> int:
+        return max(self.first, self.swa_live_from)
+
+
+class AllocatorDriver:
+    def __init__(self, allocator, page_size: int, observables: frozenset[str], log=lambda line: None):
+        self.allocator = allocator
+        self.P = page_size
+        self.observables = observables
+        self.log = log  # where each call is written as it is made (Hypothesis' note())
+        self.sequences: list[Sequence] = []
+        self.group_open = False
+        self.tally = Tally()
+        self.outcome = "ok"
+
+    # -- applying a step ------------------------------------------------------------------
+
+    def apply(self, step: TraceStep) -> dict[str, Any]:
+        """Apply one step, check every invariant, return the observables the spec fixes.
+        Raises StepFailure (InvariantViolation, ImplementationCrash, StepNotApplicable)."""
+        self.outcome = "ok"
+        getattr(self, step.op)(**step.args)
+        self.check()
+        full, swa = self.free_page_counts()
+        return {"outcome": self.outcome, "free_full_pages": full, "free_swa_pages": swa}
+
+    def call(self, operation: str, *args, refusal: bool = False, quiet: bool = False):
+        if not quiet:
+            self.log(f"{operation}{args}")
+        try:
+            return getattr(self.allocator, operation)(*args)
+        except KvSpecError:
+            if refusal:
+                raise
+            raise ImplementationCrash(f"{operation}{args} raised although the call is valid", ["ALLOC-5"])
+        except Exception as error:
+            raise ImplementationCrash(f"{operation}{args} raised {type(error).__name__}: {error}") from error
+
+    def free_page_counts(self) -> tuple[int, int]:
+        full, swa = self.call("available_sizes", quiet=True)
+        return full // self.P, swa // self.P
+
+    def state(self):
+        return self.call("state", quiet=True)
+
+    def before(self):
+        """What an allocation must leave unchanged if it fails: counts, and the state."""
+        return self.free_page_counts(), self.state()
+
+    def sequence(self, index: int) -> Sequence:
+        if not 0 <= index < len(self.sequences):
+            raise StepNotApplicable(f"the step names sequence {index}, but the caller holds {len(self.sequences)}")
+        return self.sequences[index]
+
+    def check(self):
+        state = self.state()
+        violations = allocator_violations(state, [s.held() for s in self.sequences], self.observables, self.tally)
+        if violations:
+            raise InvariantViolation.of(violations)
+        full, swa = self.free_page_counts()
+        if "free_sets" in self.observables and (full, swa) != (len(state.full.free_pages), len(state.swa.free_pages)):
+            raise InvariantViolation(f"available sizes say {full} full / {swa} SWA pages free, the free lists "
+                                     f"{len(state.full.free_pages)} / {len(state.swa.free_pages)}", ["ALLOC-1"])
+
+    def expect_allocation(self, result, full_pages: int, swa_pages: int, before, new_tokens: int) -> list[int] | None:
+        """[ALLOC-2, ALLOC-4] Fails exactly when a pool is short, and then changes nothing."""
+        counts, _ = before
+        fits = new_pages_available(full_pages, swa_pages, *counts)
+        self.tally.checked["atomicity"] += 1  # ALLOC-2 and ALLOC-4, below
+        if isinstance(result, OutOfMemory):
+            self.outcome = "out_of_memory"
+            self.log(f"  -> {result}")
+            if fits:
+                raise InvariantViolation(f"OutOfMemory although both pools had room: {result}", ["ALLOC-2"])
+            if self.before() != before:
+                raise InvariantViolation("a failed allocation changed the allocator", ["ALLOC-4"])
+            return None
+        if not fits:
+            raise InvariantViolation(f"allocation of {full_pages} full / {swa_pages} SWA pages succeeded without room",
+                                     ["ALLOC-2"])
+        if len(result) != new_tokens:
+            raise InvariantViolation(f"asked for {new_tokens} slots, got {len(result)}", ["ALLOC-1"])
+        return list(result)
+
+    def expect_refusal(self, operation: str, *args):
+        """[ALLOC-5, ALLOC-6] An invalid call raises a spec error and changes nothing."""
+        before = self.before()
+        try:
+            self.call(operation, *args, refusal=True)
+        except KvSpecError as error:
+            self.log(f"  refused: {error}")
+        else:
+            raise InvariantViolation(f"{operation}{args} was accepted, but it frees what is not held", ["ALLOC-6"])
+        self.outcome = "refused"
+        if self.before() != before:
+            raise InvariantViolation(f"refused {operation} changed the allocator", ["ALLOC-6"])
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def new_sequence(self, length: int):
+        before = self.before()
+        pages = new_pages_for_extend(0, length, self.P)
+        row = self.expect_allocation(self.call("alloc_extend", [0], [length], [-1]), pages, pages, before, length)
+        if row is not None:
+            self.sequences.append(Sequence(row))
+
+    def alloc_tokens(self, length: int):
+        if self.P != 1:
+            raise StepNotApplicable(f"alloc_tokens is the token allocator's (page size 1), not page size {self.P}'s")
+        before = self.before()
+        row = self.expect_allocation(self.call("alloc", length), length, length, before, length)
+        if row is not None:
+            self.sequences.append(Sequence(row))
+
+    def extend(self, sequences: list[int], grow: list[int]):
+        if len(sequences) != len(grow):
+            raise StepNotApplicable(f"extend names {len(sequences)} sequences but {len(grow)} lengths")
+        chosen = [self.sequence(i) for i in sequences]
+        prefix = [len(s.row) for s in chosen]
+        seq_lens = [p + g for p, g in zip(prefix, grow)]
+        before = self.before()
+        result = self.call("alloc_extend", prefix, seq_lens, [s.row[-1] for s in chosen])
+        pages = sum(new_pages_for_extend(p, n, self.P) for p, n in zip(prefix, seq_lens))
+        slots = self.expect_allocation(result, pages, pages, before, sum(grow))
+        if slots is not None:
+            for s, g in zip(chosen, grow):
+                s.row.extend(slots[:g])
+                slots = slots[g:]
+
+    def decode(self, sequence: int):
+        s = self.sequence(sequence)
+        seq_len = len(s.row) + 1
+        before = self.before()
+        pages = new_pages_for_decode(seq_len, self.P)
+        slots = self.expect_allocation(self.call("alloc_decode", [seq_len], [s.row[-1]]), pages, pages, before, 1)
+        if slots is not None:
+            s.row.extend(slots)
+
+    def fork(self, parent: int, prefix_pages: int, length: int, tail: int | None):
+        """A new sequence on a page-aligned prefix of another (a prefix-cache hit), grown by a
+        plain extend or, with `tail`, by the PD-decode SWA-tail pre-allocation."""
+        source = self.sequence(parent)
+        prefix = min(prefix_pages * self.P, floor_page(len(source.row), self.P))
+        seq_len = prefix + length
+        last = source.row[prefix - 1] if prefix else -1
+        before = self.before()
+        if tail is not None:
+            if tail > length or (seq_len - tail) % self.P:
+                raise StepNotApplicable(f"SWA tail of {tail} tokens must start on a page boundary within the {length} new tokens")
+            split = swa_tail_split(prefix, seq_len, tail, self.P)
+            result = self.call("alloc_extend_swa_tail", prefix, seq_len, last, tail)
+            row = self.expect_allocation(result, split.full_pages, split.swa_pages, before, length)
+            swa_live_from = seq_len - tail
+        else:
+            pages = new_pages_for_extend(prefix, seq_len, self.P)
+            row = self.expect_allocation(self.call("alloc_extend", [prefix], [seq_len], [last]), pages, pages, before, length)
+            swa_live_from = prefix
+        if row is not None:
+            self.sequences.append(Sequence(source.row[:prefix] + row, first=prefix, swa_live_from=swa_live_from))
+
+    # -- freeing ----------------------------------------------------------------------------
+
+    def release_swa(self, sequence: int, pages: int, set_shaped: bool):
+        """Window eviction: release SWA KV from the front, never the last token's page."""
+        s = self.sequence(sequence)
+        lo, hi = s.live_from, floor_page(len(s.row) - 1, self.P)
+        end = min(lo + pages * self.P, hi)
+        if end <= lo:
+            return
+        if set_shaped and self.P > 1:
+            self.call("free_swa", s.row[lo:end])
+        else:
+            self.call("free_swa_segment", s.row[lo:end], lo)
+        s.swa_live_from = end
+
+    def free_range(self, s: Sequence, lo: int, hi: int, set_shaped: bool):
+        """Free positions [lo, hi) of s: full-only below its SWA-live boundary."""
+        dead_end = min(hi, max(lo, s.swa_live_from))
+        if dead_end > lo:
+            if set_shaped:
+                self.call("free_full", s.row[lo:dead_end])
+            else:
+                self.call("free_full_segment", s.row[lo:dead_end], lo)
+        if hi > dead_end:
+            if set_shaped and self.P > 1:
+                self.call("free", s.row[dead_end:hi])
+            else:
+                self.call("free_segment", s.row[dead_end:hi], dead_end)
+
+    def free_sequence(self, sequence: int, set_shaped: bool):
+        s = self.sequence(sequence)
+        self.free_range(s, s.first, len(s.row), set_shaped)
+        self.sequences.remove(s)
+
+    def free_front(self, sequence: int, pages: int):
+        """Free whole pages from the front, as prefix-cache eviction does."""
+        s = self.sequence(sequence)
+        end = min(s.first + pages * self.P, floor_page(len(s.row), self.P))
+        if end <= s.first:
+            return
+        self.free_range(s, s.first, end, set_shaped=False)
+        s.first = end
+        s.swa_live_from = max(s.swa_live_from, end)
+
+    def free_group_begin(self):
+        self.call("free_group_begin")
+        self.group_open = True
+
+    def free_group_end(self):
+        self.call("free_group_end")
+        self.group_open = False
+
+    def drain(self):
+        """Free everything: every page must then be free and unmapped (leak check)."""
+        if self.group_open:
+            self.free_group_end()
+        for s in list(self.sequences):
+            self.free_range(s, s.first, len(s.row), set_shaped=False)
+        self.sequences.clear()
+        self.check()  # the frees themselves conform (a duplicate is I1, not a leak)
+        state = self.state()
+        leaked = (state.full.num_pages - len(state.full.free_pages), state.swa.num_pages - len(state.swa.free_pages))
+        full, swa = self.free_page_counts()
+        leaked_counts = (state.full.num_pages - full, state.swa.num_pages - swa)
+        if leaked != (0, 0) or leaked_counts != (0, 0):
+            leaked = tuple(map(max, leaked, leaked_counts))
+            raise InvariantViolation(f"after freeing everything, {leaked[0]} full and "
+                                     f"{leaked[1]} SWA pages are not free (leak)", leak_clauses(*leaked))
+
+    # -- what a buggy caller does: refused, nothing changes -------------------------------------
+
+    def free_padding_page(self):
+        self.expect_refusal("free", [0])
+
+    def free_a_free_page(self, index: int):
+        state = self.state()
+        free = sorted(state.full.free_pages) + sorted(state.full.pending_pages)
+        if not free:
+            raise StepNotApplicable("no free full page to free again")
+        self.expect_refusal("free", [free[index % len(free)] * self.P])
+
+    def free_slot_twice(self, sequence: int, position: int):
+        s = self.sequence(sequence)
+        if not s.first <= position < len(s.row):
+            raise StepNotApplicable(f"sequence {sequence} holds positions [{s.first}, {len(s.row)}), not {position}")
+        self.expect_refusal("free", [s.row[position], s.row[position]])
+
+    def free_full_with_live_peer(self, sequence: int, position: int):
+        s = self.sequence(sequence)
+        if not s.live_from <= position < len(s.row):
+            raise StepNotApplicable(f"sequence {sequence} has live SWA KV at [{s.live_from}, {len(s.row)}), not {position}")
+        self.expect_refusal("free_full", [s.row[position]])
+
+    def free_swa_of_released(self, sequence: int):
+        s = self.sequence(sequence)
+        if s.live_from <= s.first:
+            raise StepNotApplicable(f"sequence {sequence} has released no SWA KV")
+        self.expect_refusal("free_swa_segment", s.row[s.first:s.live_from], s.first)
+
+    def free_unaligned_segment(self, sequence: int, position: int):
+        s = self.sequence(sequence)
+        if self.P == 1 or position % self.P == 0 or not s.live_from <= position < len(s.row):
+            raise StepNotApplicable(f"position {position} is not an unaligned live position of sequence {sequence}")
+        self.expect_refusal("free_segment", s.row[position:], position)

@@ -1,0 +1,106 @@
+"""The engine-tier driver: applies portable lifecycle steps to any engine and checks
+every invariant of kvspec.spec.invariants after each.
+
+Steps are the engine operations of chapter 06 with their own arguments (request ids,
+prompts as token ids, chunk lengths, token counts to evict), so they need no
+translation. A step marked `refuse` is misuse the spec requires the engine to refuse
+with InvalidRequest and no change [LIFE-1]. `drain` finishes every decoding request,
+aborts every prefilling one, evicts the whole cache and requires every page free.
+"""
+
+from typing import Any
+
+from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory
+from kvspec.spec.snapshot import EngineSnapshot, Step, fixed_observables
+
+from .checks import leak_clauses, ImplementationCrash, InvariantViolation, Tally, engine_violations
+from .trace import TraceStep
+
+PARAMETERS = {  # each operation's arguments, in the order the engine protocol takes them
+    "admit": ("rid", "prompt"), "pd_admit": ("rid", "prompt", "first_output"),
+    "prefill_chunk": ("rid", "chunk", "token"), "decode": ("rid", "token"), "finish": ("rid", "trim"),
+    "abort": ("rid",), "retract": ("rid",), "evict": ("full_tokens", "swa_tokens")}
+
+
+class EngineDriver:
+    def __init__(self, engine, observables: frozenset[str], log=lambda line: None):
+        self.engine = engine
+        self.observables = observables
+        self.log = log
+        self.tally = Tally()
+        self.previous = self.snapshot()
+        self.check(None)
+
+    def snapshot(self) -> EngineSnapshot:
+        try:
+            return self.engine.snapshot()
+        except Exception as error:
+            raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
+
+    def apply(self, step: TraceStep) -> dict[str, Any]:
+        """Apply one step, check every invariant, return the observables the spec fixes.
+        Raises StepFailure (InvariantViolation, ImplementationCrash, StepNotApplicable)."""
+        if step.op == "drain":
+            self.drain()
+            outcome = "ok"
+        elif step.refuse:
+            self.refused(step)
+            outcome = "refused"
+        else:
+            outcome = self.call(step.op, step.args)
+        return fixed_observables(self.snapshot(), outcome)
+
+    def call(self, operation: str, args: dict[str, Any]) -> str:
+        self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
+        try:
+            result = getattr(self.engine, operation)(*(args[name] for name in PARAMETERS[operation]))
+        except InvalidRequest as error:
+            raise InvariantViolation(f"{operation} was refused although the lifecycle allows it: {error}",
+                                     ["LIFE-1"]) from error
+        except KvSpecError as error:
+            raise ImplementationCrash(f"{operation} raised {type(error).__name__}: {error}", ["LIFE-1"]) from error
+        except Exception as error:
+            raise ImplementationCrash(f"{operation} raised {type(error).__name__}: {error}") from error
+        failed = isinstance(result, OutOfMemory)
+        if failed:
+            self.log(f"  -> {result}")
+        self.check(Step(operation, args.get("rid"), "OutOfMemory" if failed else "ok"))
+        return "out_of_memory" if failed else "ok"
+
+    def refused(self, step: TraceStep):
+        before = self.snapshot()
+        self.log(f"{step} (must be refused)")
+        try:
+            getattr(self.engine, step.op)(*(step.args[name] for name in PARAMETERS[step.op]))
+        except InvalidRequest as error:
+            self.log(f"  refused: {error}")
+        except Exception as error:
+            raise ImplementationCrash(f"{step} raised {type(error).__name__}: {error} instead of InvalidRequest",
+                                      ["LIFE-1"]) from error
+        else:
+            raise InvariantViolation(f"{step} was accepted but the lifecycle forbids it", ["LIFE-1"])
+        if self.snapshot() != before:
+            raise InvariantViolation(f"refused {step} changed the engine", ["LIFE-1"])
+        self.check(None)
+
+    def check(self, step: Step | None):
+        now = self.snapshot()
+        violations = engine_violations(self.previous if step else None, step, now, self.observables, self.tally)
+        if violations:
+            raise InvariantViolation.of(violations, f"after {step}:" if step else "")
+        self.previous = now
+
+    def drain(self):
+        """Release every request, evict the whole cache: every page must be free."""
+        for request in sorted(self.previous.requests, key=lambda r: r.rid):
+            if request.finished_prefill:
+                self.call("finish", {"rid": request.rid, "trim": 0})
+            else:
+                self.call("abort", {"rid": request.rid})
+        config = self.previous.config
+        self.call("evict", {"full_tokens": config.size_full, "swa_tokens": config.size_swa})
+        state = self.previous.allocator
+        leaked = (state.full.num_pages - len(state.full.free_pages), state.swa.num_pages - len(state.swa.free_pages))
+        if leaked != (0, 0):
+            raise InvariantViolation(f"after releasing every request and evicting the whole cache, {leaked[0]} full "
+                                     f"and {leaked[1]} SWA pages are not free (leak)", leak_clauses(*leaked))

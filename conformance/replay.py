@@ -1,0 +1,102 @@
+"""Replaying a trace: its steps, in order, on an adapter's implementation.
+
+Each step goes through the tier's driver, so every invariant is checked after it, and
+what the implementation shows is compared with the step's `expect` (the observables
+the spec fixes, OBS-3). A replay ends at the first step that violates a clause, crashes,
+cannot be applied, or shows other observables than expected: an implementation that
+went another way at step k makes the steps after k meaningless.
+"""
+
+from dataclasses import dataclass, replace
+
+from kvspec.spec.snapshot import EngineConfig
+
+from .allocator_driver import AllocatorDriver
+from .checks import OBSERVABLES, StepFailure, Tally
+from .engine_driver import EngineDriver
+from .protocol import Adapter, AdapterError
+from .trace import Trace
+
+
+@dataclass
+class Replay:
+    """How a replay went: `failure` (a StepFailure) or `mismatch` at step `stopped_at`."""
+
+    steps: int
+    """Steps applied and checked."""
+    failure: StepFailure | None = None
+    mismatch: str | None = None
+    stopped_at: int | None = None
+    tally: Tally | None = None
+    observed: list | None = None
+    """What the implementation showed after each applied step."""
+
+    @property
+    def conforms(self) -> bool:
+        return self.failure is None and self.mismatch is None
+
+    def reproduces(self, trace: Trace) -> bool:
+        """Whether this replay broke a clause the trace records, at the same step."""
+        at = next((i for i, step in enumerate(trace.steps) if step.violated), None)
+        return (self.failure is not None and at == self.stopped_at
+                and bool(set(self.failure.clauses or (self.failure.kind,)) & set(trace.steps[at].violated)))
+
+    def verdict(self) -> str:
+        if self.failure is not None:
+            return f"{self.failure.kind} at step {self.stopped_at}: {self.failure}"
+        if self.mismatch is not None:
+            return f"diverged at step {self.stopped_at}: {self.mismatch}"
+        return f"conforms: {self.steps} steps"
+
+
+def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
+    """The implementation the trace's configuration describes, behind its tier's driver."""
+    observables = frozenset(getattr(adapter, "observables", OBSERVABLES))
+    config = trace.config
+    if trace.tier == "allocator":
+        if adapter.make_allocator is None:
+            raise AdapterError(f"adapter {adapter.name!r} has no allocator tier, but the trace is an allocator trace")
+        return AllocatorDriver(adapter.make_allocator(config["size_full"], config["size_swa"], config["page_size"]),
+                               config["page_size"], observables, log=log)
+    if adapter.make_engine is None:
+        raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
+    engine_config: EngineConfig = trace.engine_config()
+    return EngineDriver(adapter.make_engine(engine_config), observables, log=log)
+
+
+def mismatch(expected: dict, observed: dict) -> str | None:
+    """The first observable that differs, in words."""
+    for key, value in expected.items():
+        if observed.get(key) != value:
+            return f"{key}: expected {value!r}, observed {observed.get(key)!r}"
+    return None
+
+
+def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool = True, journal=None) -> Replay:
+    """Apply the trace's steps to a fresh implementation; see the module docstring.
+    `journal` (isolation.Journal) hears of each step before it runs."""
+    try:
+        driver = build_driver(trace, adapter, log)
+    except StepFailure as failure:  # the fresh engine already breaks an invariant
+        return Replay(0, failure, stopped_at=0)
+    observed = []
+    for index, step in enumerate(trace.steps):
+        log(f"step {index}: {step}")
+        if journal is not None:
+            journal("step", step)
+        try:
+            now = driver.apply(step)
+        except StepFailure as failure:
+            return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
+        observed.append(now)
+        if compare and step.expect is not None and (difference := mismatch(step.expect, now)):
+            return Replay(index + 1, mismatch=difference, stopped_at=index, tally=driver.tally, observed=observed)
+    return Replay(len(trace.steps), tally=driver.tally, observed=observed)
+
+
+def with_expectations(trace: Trace, reference: Adapter) -> Trace:
+    """The trace with each step's `expect` set to what the reference shows (OBS-3), up to
+    the first step the reference cannot apply or does not conform on."""
+    result = replay(replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps)), reference, compare=False)
+    steps = [replace(step, expect=seen) for step, seen in zip(trace.steps, result.observed or [])]
+    return replace(trace, steps=(*steps, *trace.steps[len(steps):]))

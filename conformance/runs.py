@@ -1,0 +1,150 @@
+"""What a conformance check runs, and how one run becomes a result.
+
+A check is a list of runs, one state machine each: the allocator tier at page sizes 1,
+2, 4 and 16; the engine tier at windows that are and are not page multiples, with
+decode eviction intervals 1, 4 and 128 (see ENGINE_CONFIGS). Each run is a `Job`
+(picklable: the adapter is named, not passed) executed by `check_job` in a worker
+process (isolation.py); a failure is shrunk by Hypothesis, then saved as a trace whose
+steps carry the reference's observables as expectations (OBS-3), and replayed from the
+saved file to confirm that the trace reproduces it.
+"""
+
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hypothesis import seed as hypothesis_seed
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvspec.spec.window import Policy
+
+from .allocator_machine import allocator_machine
+from .checks import StepFailure
+from .engine_machine import engine_machine
+from .isolation import Journal, Lost
+from .profiles import profile
+from .protocol import Adapter, AdapterError, load_adapter
+from .replay import replay, with_expectations
+from .report import ClassTally, RunResult
+from .trace import Trace, load
+
+PAGE_SIZES = (1, 2, 4, 16)
+ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
+    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 128), (16, 5, 4))
+CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
+
+
+def machines(adapter: Adapter, against_reference: bool = False):
+    """(label, state machine class) of every run a check makes, for the tiers and page
+    sizes the adapter has; with `against_reference`, each step is also applied to the
+    reference and the observables the spec fixes must agree (differential mode)."""
+    reference = load_adapter("reference") if against_reference else None
+    if adapter.make_allocator is not None:
+        for page_size in PAGE_SIZES:
+            if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
+                yield f"allocator P={page_size}", allocator_machine(
+                    adapter.make_allocator, page_size, adapter.capabilities, adapter.observables,
+                    shadow=reference and reference.make_allocator)
+    if adapter.make_engine is not None:
+        for page_size, window, interval in ENGINE_CONFIGS:
+            if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
+                policy = Policy(adapter.policy_version, decode_eviction_interval=interval)
+                yield (f"engine P={page_size} W={window} I={interval}",
+                       engine_machine(adapter.make_engine, page_size, window, policy, adapter.capabilities,
+                                      adapter.observables, shadow=reference and reference.make_engine))
+
+
+def skipped_runs(adapter: Adapter) -> dict[str, str]:
+    """Runs a check leaves out, and why: never counted as passed."""
+    left_out = {}
+    for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine)):
+        if factory is None:
+            left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
+    for capability in ("page_size_1", "page_size_gt_1", "swa_tail", "free_groups", "pd_decode", "chunked_prefill"):
+        if capability not in adapter.capabilities:
+            left_out[capability] = f"adapter lacks capability {capability}: its runs or rules do not run"
+    return left_out
+
+
+@dataclass(frozen=True)
+class Job:
+    adapter: str
+    """The adapter spec the worker loads (protocol.load_adapter)."""
+    label: str
+    profile: str
+    seed: int | None
+    traces: str
+    """Directory where a counterexample is saved."""
+    differential: bool = False
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def trace_path(job: Job) -> Path:
+    return Path(job.traces) / f"{slug(job.adapter)}-{slug(job.label)}.jsonl"
+
+
+def tallies(machine) -> tuple[dict[str, ClassTally], dict[str, str]]:
+    rows = machine.tally.as_rows()
+    return ({c: ClassTally(*counts) for c, counts in rows.items()},
+            {c: why for c, why in machine.tally.skipped_because.items() if c in rows})
+
+
+def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str, bool]:
+    """Save a counterexample with the reference's expectations; whether replaying the
+    saved file reproduces the failure."""
+    try:
+        trace = with_expectations(trace, load_adapter("reference"))
+    except (StepFailure, AdapterError):
+        pass  # the reference cannot run this configuration: the steps alone still replay
+    path = trace.save(trace_path(job))
+    reproduced = replay(load(path), adapter).reproduces(trace)
+    return str(path), reproduced
+
+
+def check_job(job: Job, journal: Journal | None = None) -> RunResult:
+    """Run one state machine of a check; in a worker process, `journal` is its lifeline."""
+    adapter = load_adapter(job.adapter)
+    machine = dict(machines(adapter, job.differential))[job.label]
+    machine.journal = journal
+    if job.seed is not None:
+        machine.TestCase = hypothesis_seed(job.seed)(machine.TestCase)
+    tier = machine.tier
+    started = time.perf_counter()
+    try:
+        run_state_machine_as_test(machine, settings=profile(job.profile))
+    except AdapterError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of the implementation is a verdict
+        machine.journal = None
+        elapsed = time.perf_counter() - started
+        failure = error if isinstance(error, StepFailure) else None
+        trace = machine.counterexample(adapter.name, job.seed, job.label)
+        path, reproduced = save(trace, job, adapter)
+        message = str(error) if failure else f"{type(error).__name__}: {error}"
+        if not reproduced:
+            message += "\n(replaying the saved trace did not reproduce this failure: the implementation is not deterministic?)"
+        kind = failure.kind if failure else "crashed"
+        return RunResult(job.label, tier, "crashed" if kind == "crashed" else "violated", machine.examples,
+                         machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
+                         (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine))
+    return RunResult(job.label, tier, "ok", machine.examples, machine.steps, time.perf_counter() - started, [],
+                     "", None, None, *tallies(machine))
+
+
+def lost_check(job: Job, lost: Lost) -> RunResult:
+    """The result of a run whose worker crashed or hung: the steps up to that point."""
+    tier = "allocator" if job.label.startswith("allocator") else "engine"
+    path = steps = None
+    if lost.config is not None:
+        steps = [*lost.steps[:-1], replace(lost.steps[-1], violated=(lost.kind,), message=lost.reason)] \
+            if lost.steps else []
+        adapter = load_adapter(job.adapter)
+        trace = Trace(tier, lost.config, adapter.name, tuple(steps), job.seed, job.label,
+                      f"{lost.kind} during kvspec check ({job.label}): {lost.reason}")
+        path, steps = str(trace.save(trace_path(job))), len(steps)
+    return RunResult(job.label, tier, lost.kind, 0, 0, 0.0, [], lost.reason, path, steps)
+
