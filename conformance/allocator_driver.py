@@ -104,10 +104,18 @@ class AllocatorDriver:
                                      f"{len(state.full.free_pages)} / {len(state.swa.free_pages)}", ["ALLOC-1"])
 
     def expect_allocation(self, result, full_pages: int, swa_pages: int, before, new_tokens: int) -> list[int] | None:
-        """[ALLOC-2, ALLOC-4] Fails exactly when a pool is short, and then changes nothing."""
+        """[ALLOC-2, ALLOC-4] Fails exactly when a pool is short, and then changes nothing
+        (counted as the atomicity class)."""
+        self.tally.checked["atomicity"] += 1
+        try:
+            return self.allocation_outcome(result, full_pages, swa_pages, before, new_tokens)
+        except InvariantViolation:
+            self.tally.violated["atomicity"] += 1
+            raise
+
+    def allocation_outcome(self, result, full_pages: int, swa_pages: int, before, new_tokens: int) -> list[int] | None:
         counts, _ = before
         fits = new_pages_available(full_pages, swa_pages, *counts)
-        self.tally.checked["atomicity"] += 1  # ALLOC-2 and ALLOC-4, below
         if isinstance(result, OutOfMemory):
             self.outcome = "out_of_memory"
             self.log(f"  -> {result}")

@@ -1,7 +1,7 @@
 """The `kvspec` command line.
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
-                   [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential]
+                   [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential] [--run TEXT]
     kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
@@ -33,6 +33,11 @@ from .vectors import corpus_files, write_corpus
 def check(args) -> int:
     adapter = load_adapter(args.adapter)
     labels = [label for label, _ in machines(adapter)]
+    if args.run:
+        chosen = [label for label in labels if any(part in label for part in args.run)]
+        if not chosen:
+            raise AdapterError(f"no run matches --run {' '.join(args.run)}; the runs are: {', '.join(labels)}")
+        labels = chosen
     jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential) for label in labels]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){', against the reference' if args.differential else ''}",
@@ -149,6 +154,8 @@ def main(argv=None) -> int:
     check_parser.add_argument("--junit", metavar="FILE", help="write the report as JUnit XML")
     check_parser.add_argument("--traces", metavar="DIR", default="kvspec-traces",
                               help="where counterexample traces are saved (default: kvspec-traces)")
+    check_parser.add_argument("--run", action="append", metavar="TEXT",
+                              help="only the runs whose label contains TEXT (repeatable), e.g. 'engine P=4 W=6'")
     check_parser.add_argument("--differential", action="store_true",
                               help="also run every step on the reference and compare what the spec fixes (OBS-3)")
     check_parser.set_defaults(func=check)

@@ -23,6 +23,9 @@ from .trace import TraceStep
 
 PRELOAD = ["kvspec.conformance.runs", "torch"]
 POLL_SECONDS = 0.05
+STARTUP_SECONDS = 600
+"""How long a worker may take to start (the forkserver's first start, importing the
+implementation under test) before its first step: that is not a step's hang."""
 
 
 class Journal:
@@ -91,15 +94,15 @@ def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: 
             while pending and len(running) < max(1, workers):
                 job = pending.pop(0)
                 receiver, sender = ctx.Pipe(duplex=False)
-                heartbeat = ctx.Value("d", time.time(), lock=False)
+                heartbeat = ctx.Value("d", 0.0, lock=False)  # 0 until the job's first event
                 path = os.path.join(journals, f"job-{id(job)}-{len(pending)}.jsonl")
                 process = ctx.Process(target=worker_main, args=(work, job, sender, heartbeat, path), daemon=True)
                 process.start()
                 sender.close()
-                running.append((job, process, receiver, heartbeat, path))
+                running.append((job, process, receiver, heartbeat, path, time.time()))
             time.sleep(POLL_SECONDS)
             for entry in list(running):
-                job, process, receiver, heartbeat, path = entry
+                job, process, receiver, heartbeat, path, started = entry
                 result = None
                 if receiver.poll():
                     try:
@@ -114,7 +117,8 @@ def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: 
                         else f"exit status {process.exitcode}"
                     result = on_lost(job, Lost(f"the process running the implementation died ({how})", "crashed",
                                                *last_example(path)))
-                elif time.time() - heartbeat.value > step_timeout:
+                elif (time.time() - heartbeat.value > step_timeout if heartbeat.value
+                      else time.time() - started > max(step_timeout, STARTUP_SECONDS)):
                     process.kill()
                     process.join()
                     result = on_lost(job, Lost(f"no step finished within {step_timeout:g} s (hang)", "hung",

@@ -3,8 +3,8 @@
 Each step goes through the tier's driver, so every invariant is checked after it, and
 what the implementation shows is compared with the step's `expect` (the observables
 the spec fixes, OBS-3). A replay ends at the first step that violates a clause, crashes,
-cannot be applied, or shows other observables than expected: an implementation that
-went another way at step k makes the steps after k meaningless.
+cannot be applied, or shows other observables than expected (a violation of OBS-3): an
+implementation that went another way at step k makes the steps after k meaningless.
 """
 
 from dataclasses import dataclass, replace
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from kvspec.spec.snapshot import EngineConfig
 
 from .allocator_driver import AllocatorDriver
-from .checks import OBSERVABLES, StepFailure, Tally
+from .checks import OBSERVABLES, InvariantViolation, StepFailure, Tally
 from .engine_driver import EngineDriver
 from .protocol import Adapter, AdapterError
 from .trace import Trace
@@ -20,12 +20,12 @@ from .trace import Trace
 
 @dataclass
 class Replay:
-    """How a replay went: `failure` (a StepFailure) or `mismatch` at step `stopped_at`."""
+    """How a replay went: the `failure` (a StepFailure) at step `stopped_at`, if any. An
+    observable other than the expected one is a failure of OBS-3."""
 
     steps: int
     """Steps applied and checked."""
     failure: StepFailure | None = None
-    mismatch: str | None = None
     stopped_at: int | None = None
     tally: Tally | None = None
     observed: list | None = None
@@ -33,7 +33,7 @@ class Replay:
 
     @property
     def conforms(self) -> bool:
-        return self.failure is None and self.mismatch is None
+        return self.failure is None
 
     def reproduces(self, trace: Trace) -> bool:
         """Whether this replay broke a clause the trace records, at the same step."""
@@ -44,8 +44,6 @@ class Replay:
     def verdict(self) -> str:
         if self.failure is not None:
             return f"{self.failure.kind} at step {self.stopped_at}: {self.failure}"
-        if self.mismatch is not None:
-            return f"diverged at step {self.stopped_at}: {self.mismatch}"
         return f"conforms: {self.steps} steps"
 
 
@@ -90,7 +88,8 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
             return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
         observed.append(now)
         if compare and step.expect is not None and (difference := mismatch(step.expect, now)):
-            return Replay(index + 1, mismatch=difference, stopped_at=index, tally=driver.tally, observed=observed)
+            failure = InvariantViolation(f"after {step}, {difference} (the spec fixes it)", ["OBS-3"])
+            return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
     return Replay(len(trace.steps), tally=driver.tally, observed=observed)
 
 

@@ -111,7 +111,7 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     machine = dict(machines(adapter, job.differential))[job.label]
     machine.journal = journal
     if job.seed is not None:
-        machine.TestCase = hypothesis_seed(job.seed)(machine.TestCase)
+        machine = hypothesis_seed(job.seed)(machine)  # run_state_machine_as_test reads it here
     tier = machine.tier
     started = time.perf_counter()
     try:

@@ -1,7 +1,9 @@
 """Adapters for the CLI tests, loaded by `module:attribute` as a third party's would be."""
 
-from kvspec.adapters.reference import ReferenceAllocatorAdapter
+from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
+from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
+from kvspec.spec.lifecycle import pages_to_evict
 
 
 class LeakyHybridAllocator(HybridAllocator):
@@ -39,3 +41,57 @@ class INCOMPLETE:
     policy_version = "sglang-0.5.23"
     capabilities = ()
     make_allocator = IncompleteAllocator
+
+
+# -- engines for the harness's own tests: crash, hang, a divergence no invariant sees ----------
+
+class CrashingEngine(ReferenceEngineAdapter):
+    """Dies like a native extension with a null pointer: a segmentation fault in decode."""
+
+    def decode(self, rid, token):
+        import ctypes
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the test's directory
+        ctypes.string_at(0)
+
+
+class HangingEngine(ReferenceEngineAdapter):
+    """Deadlocks in decode."""
+
+    def decode(self, rid, token):
+        import threading
+
+        threading.Event().wait()
+
+
+class GreedyEvictionEngine(Engine):
+    """Evicts twice the shortfall when an allocation finds a pool short: every invariant
+    holds, but the free counts differ from the spec's (LIFE-7: the shortfall), which
+    only the differential mode (OBS-3) sees. SGLang's conservative demand is of this kind."""
+
+    def make_room(self, full_pages, swa_pages):
+        if self.tree is not None:
+            full_short = pages_to_evict(full_pages, self.allocator.full.available_pages())
+            swa_short = pages_to_evict(swa_pages, self.allocator.swa.available_pages())
+            if full_short or swa_short:
+                self.tree.evict(2 * full_short * self.page_size, 2 * swa_short * self.page_size)
+        return self.allocator.capacity_shortfall(full_pages, swa_pages)
+
+
+class GreedyEvictionAdapter(ReferenceEngineAdapter):
+    def __init__(self, config):
+        self.engine = GreedyEvictionEngine(config)
+
+
+def engine_adapter(name, make_engine, **extra):
+    return type(name, (), {"name": name.lower(), "policy_version": "sglang-0.5.23", "make_engine": make_engine,
+                           "capabilities": ("page_size_1", "page_size_gt_1", "pd_decode", "chunked_prefill"),
+                           **extra})
+
+
+CRASHING = engine_adapter("CRASHING", CrashingEngine)
+HANGING = engine_adapter("HANGING", HangingEngine)
+GREEDY_EVICTION = engine_adapter("GREEDY_EVICTION", GreedyEvictionAdapter)
+NO_TREE_DUMP = engine_adapter("NO_TREE_DUMP", ReferenceEngineAdapter, observables=("free_sets", "mapping", "rows"))
+"""An engine that cannot show its prefix tree: the checks that read it are skipped."""
