@@ -23,15 +23,16 @@ from .checks import ImplementationCrash
 from .isolation import Journal, Lost, run_jobs
 from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter
-from .replay import Replay, replay
+from .replay import Replay, replay, unmet_requirements
 from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
-from .runs import Job, check_job, lost_check, machines, skipped_runs
+from .runs import Job, check_job, lost_check, machines, probe, skipped_runs
 from .trace import TraceError, kvspec_version, load
 from .vectors import corpus_files, write_corpus
 
 
 def check(args) -> int:
     adapter = load_adapter(args.adapter)
+    probe(adapter)
     labels = [label for label, _ in machines(adapter)]
     if args.run:
         chosen = [label for label in labels if any(part in label for part in args.run)]
@@ -105,8 +106,11 @@ def replay_command(args) -> int:
     target = Path(args.trace)
     corpus = corpus_files(target) if target.is_dir() else [(target, None)]
     traces = {path: load(path) for path, _ in corpus}  # every file parses before anything runs
-    load_adapter(args.adapter)
+    adapter = load_adapter(args.adapter)
+    skipped = {path: unmet for path, trace in traces.items() if (unmet := unmet_requirements(trace, adapter))}
     print(f"kvspec replay: {len(traces)} trace(s) on adapter {args.adapter}", flush=True)
+    for path, unmet in skipped.items():
+        print(f"skip {path.name}: adapter lacks {', '.join(unmet)}")
     failures = 0
 
     def done(task, result):
@@ -128,9 +132,11 @@ def replay_command(args) -> int:
         failures += not consumed
         print(f"{'ok  ' if consumed else 'FAIL'} {path.name}: {verdict}".replace("\n", "\n     "), flush=True)
 
-    run_jobs([(str(path), args.adapter, args.verbose) for path in traces], isolated_replay, lost_replay,
+    replayed = [path for path in traces if path not in skipped]
+    run_jobs([(str(path), args.adapter, args.verbose) for path in replayed], isolated_replay, lost_replay,
              args.workers, args.step_timeout, done)
-    print(f"\n{len(traces) - failures} of {len(traces)} trace(s) replayed in full without a violation")
+    print(f"\n{len(replayed) - failures} of {len(replayed)} trace(s) replayed in full without a violation"
+          + (f"; {len(skipped)} skipped (the adapter lacks what they need)" if skipped else ""))
     return 1 if failures else 0
 
 

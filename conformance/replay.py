@@ -47,6 +47,22 @@ class Replay:
         return f"conforms: {self.steps} steps"
 
 
+def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
+    """What the trace needs that the adapter lacks (a tier, a capability): such a trace is
+    skipped, and reported as skipped, never as passed."""
+    needs = {"tier": trace.tier, "page_size_1" if trace.config["page_size"] == 1 else "page_size_gt_1": True}
+    for step in trace.steps:
+        if step.op == "pd_admit":
+            needs["pd_decode"] = True
+        elif step.op == "fork" and step.args.get("tail") is not None:
+            needs["swa_tail"] = True
+        elif step.op.startswith("free_group"):
+            needs["free_groups"] = True
+    factory = adapter.make_allocator if trace.tier == "allocator" else adapter.make_engine
+    unmet = [] if factory is not None else [f"the {trace.tier} tier"]
+    return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in adapter.capabilities]
+
+
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     """The implementation the trace's configuration describes, behind its tier's driver."""
     observables = frozenset(getattr(adapter, "observables", OBSERVABLES))

@@ -17,6 +17,7 @@ from pathlib import Path
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
 from .allocator_machine import allocator_machine
@@ -53,6 +54,21 @@ def machines(adapter: Adapter, against_reference: bool = False):
                 yield (f"engine P={page_size} W={window} I={interval}",
                        engine_machine(adapter.make_engine, page_size, window, policy, adapter.capabilities,
                                       adapter.observables, shadow=reference and reference.make_engine))
+
+
+def probe(adapter: Adapter) -> None:
+    """Build one implementation per tier, so that an adapter that cannot build one, or
+    builds one without the operations of its tier, is an AdapterError (exit 2) before any
+    run starts; and refuse an adapter none of whose runs apply."""
+    page_size = 1 if "page_size_1" in adapter.capabilities else 4
+    if adapter.make_allocator is not None:
+        adapter.make_allocator(4 * page_size, 4 * page_size, page_size)
+    if adapter.make_engine is not None:
+        adapter.make_engine(EngineConfig(page_size, 4, 16 * page_size, 16 * page_size, 4,
+                                         Policy(adapter.policy_version)))
+    if not {"page_size_1", "page_size_gt_1"} & adapter.capabilities:
+        raise AdapterError(f"adapter {adapter.name!r} declares neither page_size_1 nor page_size_gt_1, so no run "
+                           f"applies; add the page sizes it supports to its capabilities")
 
 
 def skipped_runs(adapter: Adapter) -> dict[str, str]:

@@ -3,7 +3,6 @@
 from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
-from kvspec.spec.lifecycle import pages_to_evict
 
 
 class LeakyHybridAllocator(HybridAllocator):
@@ -39,7 +38,7 @@ class IncompleteAllocator:
 class INCOMPLETE:
     name = "incomplete"
     policy_version = "sglang-0.5.23"
-    capabilities = ()
+    capabilities = ("page_size_1",)
     make_allocator = IncompleteAllocator
 
 
@@ -66,17 +65,11 @@ class HangingEngine(ReferenceEngineAdapter):
 
 
 class GreedyEvictionEngine(Engine):
-    """Evicts twice the shortfall when an allocation finds a pool short: every invariant
-    holds, but the free counts differ from the spec's (LIFE-7: the shortfall), which
-    only the differential mode (OBS-3) sees. SGLang's conservative demand is of this kind."""
+    """Evicts twice what it is asked: every invariant holds, but the free counts differ
+    from the spec's (LIFE-7), which only a comparison with the reference sees (OBS-3)."""
 
-    def make_room(self, full_pages, swa_pages):
-        if self.tree is not None:
-            full_short = pages_to_evict(full_pages, self.allocator.full.available_pages())
-            swa_short = pages_to_evict(swa_pages, self.allocator.swa.available_pages())
-            if full_short or swa_short:
-                self.tree.evict(2 * full_short * self.page_size, 2 * swa_short * self.page_size)
-        return self.allocator.capacity_shortfall(full_pages, swa_pages)
+    def evict(self, full_tokens, swa_tokens):
+        return super().evict(2 * full_tokens, 2 * swa_tokens)
 
 
 class GreedyEvictionAdapter(ReferenceEngineAdapter):

@@ -1,0 +1,144 @@
+"""The conformance harness end to end, through the `kvspec` command as users run it:
+reports that validate, failures saved as traces that replay reproduces, crashes and
+hangs survived, skipped checks reported as skipped, conformance vectors, and the
+differential comparison with the reference (OBS-3)."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import xmlschema
+from hypothesis import Phase, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvspec.adapters.reference import ReferenceEngineAdapter
+from kvspec.conformance.engine_machine import engine_machine
+from kvspec.conformance.report import SCHEMAS, validate_json
+from kvspec.spec.window import Policy
+
+TESTS = Path(__file__).resolve().parent
+
+
+def kvspec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["kvspec", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**__import__("os").environ, "PYTHONPATH": str(TESTS)})
+
+
+def test_a_check_writes_a_json_and_a_junit_report_that_validate(tmp_path):
+    result = kvspec("check", "--adapter", "reference", "--profile", "quick", "--seed", "1", "-n", "2",
+                    "--run", "allocator P=4", "--run", "engine P=4 W=6", "--json", "r.json", "--junit", "r.xml",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads((tmp_path / "r.json").read_text())
+    validate_json(document)
+    assert [run["label"] for run in document["runs"]] == ["allocator P=4", "engine P=4 W=6 I=4"]
+    assert all(run["steps"] > 100 for run in document["runs"])
+    xmlschema.XMLSchema(SCHEMAS / "junit.xsd").validate(tmp_path / "r.xml")
+    # the per-class table: every class checked, none violated, none skipped
+    assert "window-liveness" in result.stdout and "why skipped" in result.stdout
+
+
+def test_checks_an_adapter_cannot_observe_are_reported_skipped_not_passed(tmp_path):
+    result = kvspec("check", "--adapter", "sample_adapters:NO_TREE_DUMP", "--run", "engine P=4 W=6", "--seed", "1",
+                    "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "adapter lacks observable tree" in result.stdout
+    classes = json.loads((tmp_path / "r.json").read_text())["runs"][0]["tallies"]
+    assert classes["locks"]["checked"] == 0 and classes["locks"]["skipped"] > 0
+    assert classes["window-liveness"]["checked"] > 0 and classes["window-liveness"]["skipped"] == 0
+
+
+@pytest.mark.parametrize("adapter, verdict", [("CRASHING", "crashed"), ("HANGING", "hung")])
+def test_a_crash_or_a_hang_is_a_failure_with_a_trace_and_the_harness_goes_on(adapter, verdict, tmp_path):
+    result = kvspec("check", "--adapter", f"sample_adapters:{adapter}", "--run", "engine P=4 W=6",
+                    "--run", "engine P=16", "--step-timeout", "5", "-n", "2", "--seed", "1", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count(f": {verdict}") == 2, result.stdout  # both runs reported: the harness survived
+    traces = sorted((tmp_path / "kvspec-traces").glob("*.jsonl"))
+    assert len(traces) == 2
+    replayed = kvspec("replay", str(traces[0]), "--adapter", f"sample_adapters:{adapter}", "--step-timeout", "5",
+                      cwd=tmp_path)
+    assert replayed.returncode == 1 and f"reproduced: {verdict}" in replayed.stdout, replayed.stdout
+    on_reference = kvspec("replay", str(traces[0]), "--adapter", "reference", cwd=tmp_path)
+    assert on_reference.returncode == 0, on_reference.stdout
+
+
+def test_a_divergence_no_invariant_sees_is_caught_against_the_reference():
+    """GreedyEvictionEngine evicts twice what it is asked: every invariant holds, so a
+    plain run passes; with the reference as a shadow the free counts differ (OBS-3)."""
+    from sample_adapters import GreedyEvictionAdapter
+
+    quick = settings(max_examples=200, stateful_step_count=30, database=None, deadline=None,
+                     phases=[Phase.generate])
+    policy = Policy(decode_eviction_interval=4)
+    plain = engine_machine(GreedyEvictionAdapter, 4, 6, policy)
+    run_state_machine_as_test(seed(1)(plain), settings=quick)
+    against_reference = engine_machine(GreedyEvictionAdapter, 4, 6, policy, shadow=ReferenceEngineAdapter)
+    with pytest.raises(AssertionError, match=r"\[OBS-3\].*differ: free_(full|swa)_pages"):
+        run_state_machine_as_test(seed(1)(against_reference), settings=quick)
+
+
+# -- conformance vectors ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vectors") / "corpus"
+    result = kvspec("vectors", "--out", str(out), cwd=out.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_the_vectors_cover_the_walkthroughs_every_policy_and_both_tiers(corpus):
+    names = {path.stem for path in corpus.glob("*.jsonl")}
+    assert {"walkthrough-4.3-chunked-prefill", "walkthrough-5-pd-decode-with-cached-prefix-12"} <= names
+    for version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing"):
+        assert any(name.startswith(f"lifecycle-{version}-P16") or name.startswith(f"lifecycle-{version}-P4")
+                   for name in names), version
+    assert {"allocator-P1-1", "allocator-P16-1"} <= names
+    index = json.loads((corpus / "index.json").read_text())
+    assert len(index["vectors"]) == len(names)
+
+
+def test_the_reference_replays_every_vector_in_full(corpus, tmp_path):
+    result = kvspec("replay", str(corpus), "--adapter", "reference", "-n", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    total = len(list(corpus.glob("*.jsonl")))
+    assert f"{total} of {total} trace(s) replayed in full" in result.stdout
+
+
+def test_an_implementation_that_diverges_fails_the_vectors(corpus, tmp_path):
+    result = kvspec("replay", str(corpus), "--adapter", "sample_adapters:GREEDY_EVICTION", "-n", "2", cwd=tmp_path)
+    assert result.returncode == 1 and "[OBS-3]" in result.stdout, result.stdout
+
+
+def tampered(corpus: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    return copy
+
+
+def test_a_vector_altered_missing_or_unlisted_is_an_error(corpus, tmp_path):
+    altered = tampered(corpus, tmp_path / "a")
+    vector = altered / "walkthrough-4.3-chunked-prefill.jsonl"
+    vector.write_text(vector.read_text().replace('"chunk":16', '"chunk":15', 1))
+    missing = tampered(corpus, tmp_path / "m")
+    (missing / "allocator-P1-1.jsonl").unlink()
+    unlisted = tampered(corpus, tmp_path / "u")
+    shutil.copy(unlisted / "allocator-P1-1.jsonl", unlisted / "extra.jsonl")
+    for directory, problem in ((altered, "was altered"), (missing, "is listed but missing"),
+                               (unlisted, "extra.jsonl is not listed")):
+        result = kvspec("replay", str(directory), "--adapter", "reference", cwd=tmp_path)
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+
+
+def test_usage_errors_exit_2_with_a_message(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kvspec_trace": 1}\n')
+    result = kvspec("replay", str(bad), "--adapter", "reference", cwd=tmp_path)
+    assert result.returncode == 2 and "bad.jsonl line 1 (header)" in result.stderr
+    result = kvspec("check", "--run", "no such run", cwd=tmp_path)
+    assert result.returncode == 2 and "the runs are: allocator P=1" in result.stderr
+    assert kvspec("check", "-n", "0", cwd=tmp_path).returncode == 2
+    assert kvspec("replay", str(tmp_path / "nowhere"), cwd=tmp_path).returncode == 2

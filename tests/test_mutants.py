@@ -1,0 +1,64 @@
+"""Each seeded bug of kvspec.adapters.mutants is caught by the conformance run that
+exposes it (`exposed_by`), for the clause it names; the unmodified reference passes the
+same runs. A check that no seeded bug makes fail would be a check that tests nothing
+(style.md)."""
+
+import pytest
+from hypothesis import Phase, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+from kvspec.adapters import mutants
+from kvspec.adapters.mutants import MUTANTS, Run
+from kvspec.adapters.reference import ADAPTER
+from kvspec.conformance.allocator_machine import allocator_machine
+from kvspec.conformance.engine_machine import engine_machine
+from kvspec.conformance.profiles import profile
+from kvspec.conformance.protocol import load_adapter
+from kvspec.spec.window import Policy
+
+# The ci profile at a fixed seed, without shrinking: shrinking one counterexample takes
+# minutes, and the assertion is on the clause, not on a minimal reproduction. At this
+# seed every mutant is caught within its first 11 examples.
+SEED = 0
+SETTINGS = settings(profile("ci"), max_examples=60, database=None, phases=[Phase.explicit, Phase.generate])
+CONTROL_EXAMPLES = 12
+
+
+def machine_for(adapter, run: Run):
+    if run.tier == "allocator":
+        machine = allocator_machine(adapter.make_allocator, run.page_size)
+    else:
+        policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
+        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy)
+    # the seed goes on the machine class: run_state_machine_as_test reads it there
+    return seed(SEED)(machine)
+
+
+def failure_text(error: BaseException) -> str:
+    members = getattr(error, "exceptions", None)  # an exception group
+    return "\n".join(map(failure_text, members)) if members else f"{type(error).__name__}: {error}"
+
+
+@pytest.mark.parametrize("slug", sorted(MUTANTS))
+def test_mutant_is_caught_for_its_clause(slug):
+    mutant = MUTANTS[slug]
+    with pytest.raises(Exception) as info:
+        run_state_machine_as_test(machine_for(mutant, mutant.exposed_by), settings=SETTINGS)
+    text = failure_text(info.value)
+    assert f"[{mutant.clause}]" in text, f"{mutant.name} was caught, but not for {mutant.clause}:\n{text}"
+
+
+@pytest.mark.parametrize("run", sorted({mutant.exposed_by for mutant in MUTANTS.values()}, key=lambda run: run.label),
+                         ids=lambda run: run.label)
+def test_the_reference_passes_the_runs_that_catch_mutants(run):
+    # the control: at the same seed, the examples that catch a mutant pass on the reference
+    run_state_machine_as_test(machine_for(ADAPTER, run), settings=settings(SETTINGS, max_examples=CONTROL_EXAMPLES))
+
+
+@pytest.mark.parametrize("slug", sorted(MUTANTS))
+def test_mutant_loads_by_module_attribute(slug):
+    # what `kvspec check --adapter kvspec.adapters.mutants:NAME` does
+    attribute = next(name for name, value in vars(mutants).items() if value is MUTANTS[slug])
+    adapter = load_adapter(f"kvspec.adapters.mutants:{attribute}")
+    assert adapter.name == f"mutant-{slug}"
+    assert (adapter.make_allocator is not None, adapter.make_engine is not None) == \
+        (MUTANTS[slug].make_allocator is not None, MUTANTS[slug].make_engine is not None)
