@@ -2,6 +2,7 @@
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
                    [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential] [--run TEXT]
+                   [--no-shrink]
     kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
@@ -35,11 +36,14 @@ def check(args) -> int:
     probe(adapter)
     labels = [label for label, _ in machines(adapter)]
     if args.run:
-        chosen = [label for label in labels if any(part in label for part in args.run)]
+        # each TEXT picks the run it names exactly, else every run whose label contains it
+        chosen = [label for label in labels
+                  if any(label == text or (text not in labels and text in label) for text in args.run)]
         if not chosen:
             raise AdapterError(f"no run matches --run {' '.join(args.run)}; the runs are: {', '.join(labels)}")
         labels = chosen
-    jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential) for label in labels]
+    jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential, not args.no_shrink)
+            for label in labels]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){', against the reference' if args.differential else ''}",
           flush=True)
@@ -54,6 +58,8 @@ def check(args) -> int:
         results[job.label] = result
         line = f"[{len(results)}/{len(jobs)}] {result.label}: {result.verdict}"
         line += f", {result.steps} steps in {result.seconds:.1f} s" if result.steps else ""
+        if result.first_failure_seconds is not None:
+            line += f" (first counterexample after {result.first_failure_seconds:.1f} s, then shrunk)"
         print(line, flush=True)
         if result.verdict != "ok":
             print("    " + result.message.replace("\n", "\n    "))
@@ -162,6 +168,8 @@ def main(argv=None) -> int:
                               help="where counterexample traces are saved (default: kvspec-traces)")
     check_parser.add_argument("--run", action="append", metavar="TEXT",
                               help="only the runs whose label contains TEXT (repeatable), e.g. 'engine P=4 W=6'")
+    check_parser.add_argument("--no-shrink", action="store_true",
+                              help="save the first counterexample as found, unshrunk (shrinking can take a minute)")
     check_parser.add_argument("--differential", action="store_true",
                               help="also run every step on the reference and compare what the spec fixes (OBS-3)")
     check_parser.set_defaults(func=check)

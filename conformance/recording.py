@@ -8,6 +8,7 @@ example last, so the class's `recorded` steps are then the shrunk counterexample
 """
 
 import sys
+import time
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -31,10 +32,14 @@ class RecordingMachine(RuleBasedStateMachine):
     tally = Tally()
     config: dict[str, Any] = {}
     recorded: list[TraceStep] = []
+    started = 0.0
+    first_failure_seconds: float | None = None
+    """From reset_counters to the first failing step: the time to a counterexample."""
 
     @classmethod
     def reset_counters(cls):
         cls.examples, cls.steps, cls.tally, cls.config, cls.recorded = 0, 0, Tally(), {}, []
+        cls.started, cls.first_failure_seconds = time.perf_counter(), None
 
     def start_example(self, config: dict[str, Any], driver):
         cls = type(self)
@@ -55,6 +60,8 @@ class RecordingMachine(RuleBasedStateMachine):
             observed = self.driver.apply(step)
         except StepFailure as failure:
             cls.recorded[-1] = replace(step, violated=failure.clauses or (failure.kind,), message=str(failure))
+            if cls.first_failure_seconds is None:
+                cls.first_failure_seconds = time.perf_counter() - cls.started
             raise
         cls.steps += 1
         return observed

@@ -75,6 +75,7 @@ class RunResult:
     trace_steps: int | None = None  # its length in steps
     tallies: dict[str, ClassTally] = field(default_factory=dict)
     skipped_because: dict[str, str] = field(default_factory=dict)  # class -> "adapter lacks observable tree"
+    first_failure_seconds: float | None = None  # to the first failing example, before shrinking
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"
@@ -302,6 +303,7 @@ def run_json(run: RunResult) -> dict:
                     for name, tally in sorted(run.tallies.items(), key=lambda item: INVARIANT_CLASSES.index(item[0]))},
         "skipped_because": {name: run.skipped_because[name]
                             for name in INVARIANT_CLASSES if name in run.skipped_because},
+        "first_failure_seconds": None if run.first_failure_seconds is None else round(run.first_failure_seconds, 3),
     }
 
 

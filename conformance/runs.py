@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -93,6 +94,8 @@ class Job:
     traces: str
     """Directory where a counterexample is saved."""
     differential: bool = False
+    shrink: bool = True
+    """False keeps the first counterexample as found: sooner, but longer."""
 
 
 def slug(text: str) -> str:
@@ -129,9 +132,13 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     if job.seed is not None:
         machine = hypothesis_seed(job.seed)(machine)  # run_state_machine_as_test reads it here
     tier = machine.tier
+    machine.reset_counters()
     started = time.perf_counter()
     try:
-        run_state_machine_as_test(machine, settings=profile(job.profile))
+        chosen = profile(job.profile)
+        if not job.shrink:
+            chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
+        run_state_machine_as_test(machine, settings=chosen)
     except AdapterError:
         raise
     except Exception as error:  # noqa: BLE001 - any failure of the implementation is a verdict
@@ -146,7 +153,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
         kind = failure.kind if failure else "crashed"
         return RunResult(job.label, tier, "crashed" if kind == "crashed" else "violated", machine.examples,
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
-                         (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine))
+                         (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
+                         first_failure_seconds=machine.first_failure_seconds)
     return RunResult(job.label, tier, "ok", machine.examples, machine.steps, time.perf_counter() - started, [],
                      "", None, None, *tallies(machine))
 

@@ -26,7 +26,7 @@ def test_usage_errors_exit_2_with_a_message():
 
 def test_a_buggy_adapter_loaded_by_module_and_attribute_exits_1(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    result = kvspec("check", "--adapter", "sample_adapters:LEAKY", "--profile", "quick", "--seed", "1")
+    result = kvspec("check", "--adapter", "sample_adapters:LEAKY", "--run", "allocator P=4", "--seed", "1")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "VIOLATED" in result.stdout and "[I2]" in result.stdout + result.stderr
 

@@ -13,6 +13,7 @@ import xmlschema
 from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.adapters.mutants import MUTANTS
 from kvspec.adapters.reference import ReferenceEngineAdapter
 from kvspec.conformance.engine_machine import engine_machine
 from kvspec.conformance.report import SCHEMAS, validate_json
@@ -78,6 +79,23 @@ def test_a_divergence_no_invariant_sees_is_caught_against_the_reference():
     against_reference = engine_machine(GreedyEvictionAdapter, 4, 6, policy, shadow=ReferenceEngineAdapter)
     with pytest.raises(AssertionError, match=r"\[OBS-3\].*differ: free_(full|swa)_pages"):
         run_state_machine_as_test(seed(1)(against_reference), settings=quick)
+
+
+@pytest.mark.parametrize("slug", sorted(MUTANTS))
+def test_a_seeded_bug_exits_1_with_a_trace_that_replay_reproduces(slug, tmp_path):
+    mutant = MUTANTS[slug]
+    # unshrunk: the first counterexample comes within a second, shrinking it takes 30-60 s
+    # (the shrunk path is tested with LEAKY in test_cli.py)
+    result = kvspec("check", "--adapter", f"mutant-{slug}", "--run", mutant.exposed_by.label, "--seed", "1",
+                    "--no-shrink", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
+    assert mutant.clause in run["clauses"], run["message"]
+    print(f"{slug}: {run['clauses']} first counterexample after {run['first_failure_seconds']} s, "
+          f"shrunk to {run['trace_steps']} steps, {run['seconds']} s in all")
+    replayed = kvspec("replay", run["trace"], "--adapter", f"mutant-{slug}", cwd=tmp_path)
+    assert replayed.returncode == 1 and "reproduced:" in replayed.stdout, replayed.stdout
+    assert kvspec("replay", run["trace"], "--adapter", "reference", cwd=tmp_path).returncode == 0
 
 
 # -- conformance vectors ----------------------------------------------------------------------
