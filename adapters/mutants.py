@@ -202,14 +202,23 @@ def unfloored(position: int, page_size: int) -> int:
 frontier_unaligned = with_names(eviction_frontier, floor_page=unfloored)
 
 
-class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=engine_with_frontier(frontier_unaligned)):
-    """Window eviction sets `swa_evicted_seqlen` to the raw threshold `pre_len - retention`,
-    not floored to a page (WIN-3 step 4; SGLang's `if P > 1: new = floorP(new)` left out):
-    the cursor splits a page between the dead and the live range, and the page-granular
-    segment free releases the whole SWA page, live positions above the cursor included
-    (I5 reports those alongside). Bug class 5 of the SGLang digest. At a prefill
-    checkpoint the tree's own assertion ("rebuilt SWA value has unmapped slots") fires
-    first, inside the step; a decode step reaches the invariant check."""
+class UnalignedDecodeEvictionEngine(Engine):
+    decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
+        free_swa_out_of_window_slots, eviction_frontier=frontier_unaligned))
+
+
+class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=UnalignedDecodeEvictionEngine):
+    """The decode step's window eviction sets `swa_evicted_seqlen` to the raw threshold
+    `pre_len - retention`, not floored to a page (WIN-3 step 4; SGLang's
+    `if P > 1: new = floorP(new)` left out): the cursor splits a page between the dead
+    and the live range, and the page-granular segment free releases the whole SWA page,
+    live positions above the cursor included (I5 reports those alongside). Bug class 5
+    of the SGLang digest.
+
+    Seeded in the decode path only. The same line left out of the shared frontier also
+    misaligns each prefill checkpoint, where the reference tree's own assertion ("rebuilt
+    SWA value has unmapped slots") fires inside the step; a checkpoint is a shorter
+    counterexample than a decode, so the shrinker ends on that crash, not on I6."""
 
     clause, invariant_class = "I6", "alignment"
     exposed_by = Run(page_size=2, window=5, interval=1)
