@@ -169,8 +169,9 @@ class FRONTIER_INTO_WINDOW(Mutant, slug="frontier-into-window", engine=engine_wi
 
     A decode step shows it as I8 when `W + P - 2 > ceil_page(max(W, P))` (P = 4: W % 4 is
     0 or 3); a prefill checkpoint shows it as I8 and, for any P >= 3, as I10 (the new
-    leaf keeps fewer than W live tokens). At P <= 2 the extra token freed is one only the
-    decode step itself reads: no snapshot between steps shows it."""
+    leaf keeps fewer than W live tokens). At P = 1 it is the reference; at P = 2 it frees
+    at most one token more, which only the decode step itself still reads (I8 looks
+    after the step, when that token has left the window): no snapshot shows it."""
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=4, window=7, interval=1)

@@ -16,6 +16,7 @@ adapter or trace errors.
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -193,6 +194,8 @@ def main(argv=None) -> int:
 
     add_diff_helpers(commands)
     args = parser.parse_args(argv)
+    # SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worker processes are killed too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if getattr(args, "workers", 1) < 1:
         parser.error("-n/--workers must be at least 1")
     try:

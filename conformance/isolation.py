@@ -90,41 +90,52 @@ def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: 
     pending = list(jobs)
     running = []
     with tempfile.TemporaryDirectory(prefix="kvspec-journal-") as journals:
-        while pending or running:
-            while pending and len(running) < max(1, workers):
-                job = pending.pop(0)
-                receiver, sender = ctx.Pipe(duplex=False)
-                heartbeat = ctx.Value("d", 0.0, lock=False)  # 0 until the job's first event
-                path = os.path.join(journals, f"job-{id(job)}-{len(pending)}.jsonl")
-                process = ctx.Process(target=worker_main, args=(work, job, sender, heartbeat, path), daemon=True)
-                process.start()
-                sender.close()
-                running.append((job, process, receiver, heartbeat, path, time.time()))
-            time.sleep(POLL_SECONDS)
-            for entry in list(running):
-                job, process, receiver, heartbeat, path, started = entry
-                result = None
-                if receiver.poll():
-                    try:
-                        result = receiver.recv()
-                    except EOFError:
-                        result = None
-                if result is not None:
-                    process.join()
-                elif not process.is_alive():
-                    process.join()
-                    how = f"signal {-process.exitcode}" if process.exitcode and process.exitcode < 0 \
-                        else f"exit status {process.exitcode}"
-                    result = on_lost(job, Lost(f"the process running the implementation died ({how})", "crashed",
-                                               *last_example(path)))
-                elif (time.time() - heartbeat.value > step_timeout if heartbeat.value
-                      else time.time() - started > max(step_timeout, STARTUP_SECONDS)):
-                    process.kill()
-                    process.join()
-                    result = on_lost(job, Lost(f"no step finished within {step_timeout:g} s (hang)", "hung",
-                                               *last_example(path)))
-                else:
-                    continue
-                receiver.close()
-                running.remove(entry)
-                on_done(job, result)
+        try:
+            supervise(ctx, pending, running, journals, work, on_lost, workers, step_timeout, on_done)
+        finally:  # interrupted (Ctrl-C, SIGTERM, an error): no worker outlives the harness
+            for _job, process, *_ in running:
+                process.kill()
+                process.join()
+
+
+def supervise(ctx, pending: list, running: list, journals: str, work, on_lost, workers: int,
+              step_timeout: float, on_done) -> None:
+    """Start jobs while fewer than `workers` run; collect each result, or declare it lost."""
+    while pending or running:
+        while pending and len(running) < max(1, workers):
+            job = pending.pop(0)
+            receiver, sender = ctx.Pipe(duplex=False)
+            heartbeat = ctx.Value("d", 0.0, lock=False)  # 0 until the job's first event
+            path = os.path.join(journals, f"job-{id(job)}-{len(pending)}.jsonl")
+            process = ctx.Process(target=worker_main, args=(work, job, sender, heartbeat, path), daemon=True)
+            process.start()
+            sender.close()
+            running.append((job, process, receiver, heartbeat, path, time.time()))
+        time.sleep(POLL_SECONDS)
+        for entry in list(running):
+            job, process, receiver, heartbeat, path, started = entry
+            result = None
+            if receiver.poll():
+                try:
+                    result = receiver.recv()
+                except EOFError:
+                    result = None
+            if result is not None:
+                process.join()
+            elif not process.is_alive():
+                process.join()
+                how = f"signal {-process.exitcode}" if process.exitcode and process.exitcode < 0 \
+                    else f"exit status {process.exitcode}"
+                result = on_lost(job, Lost(f"the process running the implementation died ({how})", "crashed",
+                                           *last_example(path)))
+            elif (time.time() - heartbeat.value > step_timeout if heartbeat.value
+                  else time.time() - started > max(step_timeout, STARTUP_SECONDS)):
+                process.kill()
+                process.join()
+                result = on_lost(job, Lost(f"no step finished within {step_timeout:g} s (hang)", "hung",
+                                           *last_example(path)))
+            else:
+                continue
+            receiver.close()
+            running.remove(entry)
+            on_done(job, result)

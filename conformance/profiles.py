@@ -17,6 +17,10 @@ for _name, (_examples, _steps) in PROFILES.items():
         stateful_step_count=_steps,
         report_multiple_bugs=False,  # one minimal counterexample per machine, found sooner
         deadline=None,  # the first call into torch or a real engine is slow; hangs are caught by the harness
+        # no example database: it keys examples by machine class, the same for every adapter,
+        # so one adapter's saved counterexample would be tried first on the next; a failure
+        # is kept as a trace instead (kvspec replay)
+        database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
 

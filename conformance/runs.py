@@ -33,7 +33,10 @@ from .trace import Trace, load
 
 PAGE_SIZES = (1, 2, 4, 16)
 ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
-    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 128), (16, 5, 4))
+    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 1), (4, 8, 128), (16, 5, 4))
+"""The default interval 128 never fires in pools this small (a request cannot outgrow its
+cursor by 128 tokens): (4, 8, 128) checks that nothing is evicted before it is due, and
+(4, 8, 1) is the page-multiple window with decode eviction firing."""
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
 
 
