@@ -170,11 +170,31 @@ class FRONTIER_INTO_WINDOW(Mutant, slug="frontier-into-window", engine=engine_wi
     A decode step shows it as I8 when `W + P - 2 > ceil_page(max(W, P))` (P = 4: W % 4 is
     0 or 3); a prefill checkpoint shows it as I8 and, for any P >= 3, as I10 (the new
     leaf keeps fewer than W live tokens). At P = 1 it is the reference; at P = 2 it frees
-    at most one token more, which only the decode step itself still reads (I8 looks
-    after the step, when that token has left the window): no snapshot shows it."""
+    at most one token more, which only the decode step itself still reads: I8's check of
+    the window that step read sees it (see DECODE_FRONTIER_ONE_TOKEN_LATE)."""
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=4, window=7, interval=1)
+
+
+def frontier_one_token_late(pre_len: int, *args, **kwargs):
+    return eviction_frontier(pre_len + 1, *args, **kwargs)  # BUG: pre_len, not the new seq_len
+
+
+class OneTokenLateDecodeEngine(Engine):
+    decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
+        free_swa_out_of_window_slots, eviction_frontier=frontier_one_token_late))
+
+
+class DECODE_FRONTIER_ONE_TOKEN_LATE(Mutant, slug="decode-frontier-one-token-late",
+                                     engine=OneTokenLateDecodeEngine):
+    """The decode step's window eviction computes its threshold from the new `seq_len`
+    instead of `pre_len = seq_len - 1`: it frees position `C - W` (P = 1; at P > 1 when
+    that crosses a page), which the step itself still reads. After the step that position
+    has left the window, so only I8's check of the window the step read sees it."""
+
+    clause, invariant_class = "I8", "window-liveness"
+    exposed_by = Run(page_size=1, window=3, interval=4)
 
 
 def window_only_retention(version: str, window: int, page_size: int) -> int:

@@ -103,6 +103,7 @@ _ENGINE_NEEDS = {  # what each engine predicate reads, beyond counts
     "cursor_bound_violations": {"rows"},
     "cursor_monotonicity_violations": {"rows"},
     "window_liveness_violations": {"rows", "mapping"},
+    "decode_read_window_violations": {"rows", "mapping"},
     "decode_window_bound_violations": {"rows", "mapping"},
     "chunk_window_bound_violations": {"rows", "mapping"},
     "insert_boundary_violations": {"tree"},

@@ -226,6 +226,27 @@ def window_liveness_violations(now: EngineSnapshot) -> list[Violation]:
     return found
 
 
+def decode_read_window_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+    """[I8] A decode step reads the window [max(0, C - W), C) of the committed length C it
+    started from, after its own window eviction ran: every position of it is still live
+    when the step ends. (The window of `now` starts one position later, so a frontier one
+    token into the window escapes the check of `now` alone.)"""
+    if step is None or step.operation != "decode" or step.outcome != "ok" or step.rid is None:
+        return []
+    before, after = find_request(previous, step.rid), find_request(now, step.rid)
+    if before is None or after is None:
+        return []
+    path = path_to(node_index(now), after.last_node)
+    start = max(0, before.kv_committed_len - now.config.window)
+    dead = [(position, reason) for position in range(start, before.kv_committed_len)
+            if (reason := dead_swa_reason(now, after, path, position)) is not None]
+    if not dead:
+        return []
+    more = f" (and {len(dead) - 1} more)" if len(dead) > 1 else ""
+    return [Violation("I8", f"request {step.rid}: position {dead[0][0]}, inside the window [{start}, "
+                            f"{before.kv_committed_len}) this decode step read, {dead[0][1]}{more}")]
+
+
 def decode_window_bound_violations(now: EngineSnapshot) -> list[Violation]:
     """[I9] A decoding request privately holds at most decode_window_bound(version, W, P, I)
     SWA slots, ceil_page(L) - max(e, cpl); one page more before its third decode step
@@ -487,6 +508,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("I7", "alignment", cursor_bound_violations, False),
     Invariant("I7", "alignment", cursor_monotonicity_violations, True),
     Invariant("I8", "window-liveness", window_liveness_violations, False),
+    Invariant("I8", "window-liveness", decode_read_window_violations, True),
     Invariant("I9", "window-bound", decode_window_bound_violations, False),
     Invariant("I9", "window-bound", chunk_window_bound_violations, True),
     Invariant("I10", "window-bound", insert_boundary_violations, True),
