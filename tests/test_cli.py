@@ -6,8 +6,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 
-def kvspec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["kvspec", *args], capture_output=True, text=True)
+def kvspec(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["kvspec", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_check_of_the_reference_passes_with_a_summary_table():
@@ -24,11 +24,13 @@ def test_usage_errors_exit_2_with_a_message():
     assert kvspec().returncode == 2
 
 
-def test_a_buggy_adapter_loaded_by_module_and_attribute_exits_1(monkeypatch):
+def test_a_buggy_adapter_loaded_by_module_and_attribute_exits_1(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    result = kvspec("check", "--adapter", "sample_adapters:LEAKY", "--run", "allocator P=4", "--seed", "1")
+    result = kvspec("check", "--adapter", "sample_adapters:LEAKY", "--run", "allocator P=4", "--seed", "1",
+                    cwd=tmp_path)  # its counterexample trace is saved in kvspec-traces/ there
     assert result.returncode == 1, result.stdout + result.stderr
     assert "VIOLATED" in result.stdout and "[I2]" in result.stdout + result.stderr
+    assert (tmp_path / "kvspec-traces" / "sample-adapters-leaky-allocator-p-4.jsonl").exists()
 
 
 def test_an_adapter_missing_operations_exits_2_naming_them(monkeypatch):
