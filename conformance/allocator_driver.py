@@ -61,8 +61,7 @@ class AllocatorDriver:
         Raises StepFailure (InvariantViolation, ImplementationCrash, StepNotApplicable)."""
         self.outcome = "ok"
         getattr(self, step.op)(**step.args)
-        self.check()
-        full, swa = self.free_page_counts()
+        full, swa = self.check()
         return {"outcome": self.outcome, "free_full_pages": full, "free_swa_pages": swa}
 
     def call(self, operation: str, *args, refusal: bool = False, quiet: bool = False):
@@ -93,7 +92,8 @@ class AllocatorDriver:
             raise StepNotApplicable(f"the step names sequence {index}, but the caller holds {len(self.sequences)}")
         return self.sequences[index]
 
-    def check(self):
+    def check(self) -> tuple[int, int]:
+        """Every allocator invariant; returns the free page counts it read."""
         state = self.state()
         violations = allocator_violations(state, [s.held() for s in self.sequences], self.observables, self.tally)
         if violations:
@@ -102,6 +102,7 @@ class AllocatorDriver:
         if "free_sets" in self.observables and (full, swa) != (len(state.full.free_pages), len(state.swa.free_pages)):
             raise InvariantViolation(f"available sizes say {full} full / {swa} SWA pages free, the free lists "
                                      f"{len(state.full.free_pages)} / {len(state.swa.free_pages)}", ["ALLOC-1"])
+        return full, swa
 
     def expect_allocation(self, result, full_pages: int, swa_pages: int, before, new_tokens: int) -> list[int] | None:
         """[ALLOC-2, ALLOC-4] Fails exactly when a pool is short, and then changes nothing

@@ -169,8 +169,12 @@ def allocator_violations(state: AllocatorState, held: list[HeldSequence], observ
     return run_checks(ALLOCATOR_CHECKS, observables, tally, state, held)
 
 
+SNAPSHOT_CHECKS = tuple(c for c in ENGINE_CHECKS if not c.needs_previous)
+STEP_CHECKS = tuple(c for c in ENGINE_CHECKS if c.needs_previous)
+
+
 def engine_violations(previous, step, now, observables: frozenset[str], tally: Tally) -> list[Violation]:
-    found = run_checks([c for c in ENGINE_CHECKS if not c.needs_previous], observables, tally, now)
+    found = run_checks(SNAPSHOT_CHECKS, observables, tally, now)
     if previous is not None:
-        found += run_checks([c for c in ENGINE_CHECKS if c.needs_previous], observables, tally, previous, step, now)
+        found += run_checks(STEP_CHECKS, observables, tally, previous, step, now)
     return found

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from .diff_helpers import add_command as add_diff_helpers
 from .checks import ImplementationCrash
@@ -108,8 +109,6 @@ def lost_replay(task, lost: Lost) -> Replay:
 
 
 def replay_command(args) -> int:
-    from pathlib import Path
-
     target = Path(args.trace)
     corpus = corpus_files(target) if target.is_dir() else [(target, None)]
     traces = {path: load(path) for path, _ in corpus}  # every file parses before anything runs

@@ -48,7 +48,7 @@ class EngineDriver:
             outcome = "refused"
         else:
             outcome = self.call(step.op, step.args)
-        return fixed_observables(self.snapshot(), outcome)
+        return fixed_observables(self.previous, outcome)  # the snapshot the step's check took
 
     def call(self, operation: str, args: dict[str, Any]) -> str:
         self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")

@@ -42,8 +42,9 @@ def new_pages_for_decode(seq_len, page_size):
     return int(seq_len % page_size == 1 % page_size)  # SGLang's form, made right at page_size 1
 
 
-def eviction_frontier(pre_len, cursor, cache_protected_len, window, page_size, version,
-                      eviction_interval=1, retain_floor=None):
+def frontier(pre_len, cursor, cache_protected_len, window, page_size, version, eviction_interval, retain_floor,
+             floor_to_page):
+    """A copy of the spec's eviction frontier, written out; `floor_to_page` False is the bug."""
     if pre_len - window < cursor + eviction_interval:
         return None
     if version == SGLANG_0_5_23:
@@ -57,8 +58,16 @@ def eviction_frontier(pre_len, cursor, cache_protected_len, window, page_size, v
     clamped = False
     if retain_floor is not None and version != NO_PREFIX_SHARING and retain_floor < threshold:
         threshold, clamped = retain_floor, True
-    new_cursor = max(raised, threshold) // page_size * page_size
+    new_cursor = max(raised, threshold)
+    if floor_to_page:
+        new_cursor = new_cursor // page_size * page_size
     return WindowEviction(raised, new_cursor, clamped or threshold <= raised)
+
+
+def eviction_frontier(pre_len, cursor, cache_protected_len, window, page_size, version,
+                      eviction_interval=1, retain_floor=None):
+    return frontier(pre_len, cursor, cache_protected_len, window, page_size, version, eviction_interval,
+                    retain_floor, floor_to_page=True)
 
 
 class FAITHFUL(NO_HELPERS):
@@ -76,21 +85,9 @@ def ceil_page_plus_one(x, page_size):
 
 def eviction_frontier_unfloored(pre_len, cursor, cache_protected_len, window, page_size, version,
                                 eviction_interval=1, retain_floor=None):
-    if pre_len - window < cursor + eviction_interval:
-        return None
-    if version == SGLANG_0_5_23:
-        retention = -(-max(window, page_size) // page_size) * page_size
-    elif version == DESIGN_MARGIN:
-        retention = window + page_size
-    else:
-        retention = window
-    raised = max(cursor, cache_protected_len)
-    threshold = pre_len - retention
-    clamped = False
-    if retain_floor is not None and version != NO_PREFIX_SHARING and retain_floor < threshold:
-        threshold, clamped = retain_floor, True
-    new_cursor = max(raised, threshold)  # the page floor forgotten: the cursor stops inside a page
-    return WindowEviction(raised, new_cursor, clamped or threshold <= raised)
+    # the page floor forgotten: the cursor stops inside a page
+    return frontier(pre_len, cursor, cache_protected_len, window, page_size, version, eviction_interval,
+                    retain_floor, floor_to_page=False)
 
 
 class OFF_BY_ONE(NO_HELPERS):
