@@ -73,6 +73,6 @@ class ADAPTER:
     name = "reference"
     policy_version = "sglang-0.5.23"
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                    "chunked_prefill", "pd_decode")
+                    "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode")
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

@@ -177,6 +177,11 @@ class AllocatorDriver:
                 s.row.extend(slots[:g])
                 slots = slots[g:]
 
+    def decode_fits(self, sequence: int) -> bool:
+        """Whether both pools have the pages a decode of the sequence needs."""
+        pages = new_pages_for_decode(len(self.sequence(sequence).row) + 1, self.P)
+        return new_pages_available(pages, pages, *self.free_page_counts())
+
     def decode(self, sequence: int):
         s = self.sequence(sequence)
         seq_len = len(s.row) + 1

@@ -27,7 +27,7 @@ from .checks import OBSERVABLES
 from .differential import DifferentialDriver
 from .recording import RecordingMachine
 
-ALL = frozenset({"swa_tail", "free_groups"})
+ALL = frozenset({"swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"})
 
 
 def allocator_machine(make_allocator: Callable, page_size: int, capabilities: Iterable[str] = ALL,
@@ -78,7 +78,13 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         @precondition(lambda self: self.sequences)
         @rule(data=st.data())
         def decode(self, data):
-            self.run("decode", sequence=self.index(data))
+            sequence = self.index(data)
+            if "atomic_alloc_decode" not in self.capabilities and not self.driver.decode_fits(sequence):
+                # The adapter's alloc_decode may keep what it took when it fails (SGLang's
+                # does); like SGLang's scheduler, do not call it without room.
+                self.driver.tally.skip("atomicity", "adapter lacks capability atomic_alloc_decode")
+                return
+            self.run("decode", sequence=sequence)
 
         @precondition(lambda self: self.sequences)
         @rule(data=st.data(), prefix_pages=st.integers(0, 3), length=lengths, use_tail=st.booleans())
@@ -116,19 +122,22 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             self.run("free_group_end" if self.driver.group_open else "free_group_begin")
 
         # -- what a buggy caller does: refused, nothing changes -----------------------------------
+        # (only for an adapter that refuses misuse; the report says the rest skipped them)
 
+        @precondition(lambda self: "refuses_misuse" in self.capabilities)
         @rule()
         def free_padding_page(self):
             self.run("free_padding_page")
 
-        @precondition(lambda self: any(self.driver.free_page_counts()) or P > 1)
+        @precondition(lambda self: "refuses_misuse" in self.capabilities
+                      and (any(self.driver.free_page_counts()) or P > 1))
         @rule(index=st.integers(0, 64))
         def free_a_free_page(self, index):
             state = self.driver.state()
             if state.full.free_pages or state.full.pending_pages:
                 self.run("free_a_free_page", index=index)
 
-        @precondition(lambda self: self.sequences)
+        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_slot_twice(self, data):
             sequence = self.index(data)
@@ -136,7 +145,7 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             if len(s.row) > s.first:
                 self.run("free_slot_twice", sequence=sequence, position=data.draw(st.integers(s.first, len(s.row) - 1)))
 
-        @precondition(lambda self: self.sequences)
+        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_full_with_live_peer(self, data):
             sequence = self.index(data)
@@ -145,14 +154,14 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
                 self.run("free_full_with_live_peer", sequence=sequence,
                          position=data.draw(st.integers(s.live_from, len(s.row) - 1)))
 
-        @precondition(lambda self: self.sequences)
+        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_swa_of_released(self, data):
             sequence = self.index(data)
             if self.sequences[sequence].live_from > self.sequences[sequence].first:
                 self.run("free_swa_of_released", sequence=sequence)
 
-        @precondition(lambda self: self.sequences and P > 1)
+        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences and P > 1)
         @rule(data=st.data())
         def free_unaligned_segment(self, data):
             sequence = self.index(data)

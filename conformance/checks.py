@@ -138,6 +138,11 @@ class Tally:
                 self.checked[check.invariant_class] += 1
                 self.violated[check.invariant_class] += check.clause in broken
 
+    def skip(self, invariant_class: str, because: str) -> None:
+        """A check of this class that a step would have needed, not run."""
+        self.skipped[invariant_class] += 1
+        self.skipped_because[invariant_class] = because
+
     def merge(self, other: "Tally") -> None:
         self.checked.update(other.checked)
         self.violated.update(other.violated)

@@ -35,11 +35,15 @@ from kvspec.spec.window import POLICY_VERSIONS
 
 from .checks import OBSERVABLES
 
-BUILT_IN = {"reference": "kvspec.adapters.reference:ADAPTER"}
+BUILT_IN = {"reference": "kvspec.adapters.reference:ADAPTER", "sglang": "kvspec.adapters.sglang:SGLANG",
+            "sglang-python": "kvspec.adapters.sglang:SGLANG_PYTHON"}
 ENTRY_POINT_GROUP = "kvspec.adapters"
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                "chunked_prefill", "pd_decode")
+                "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode")
+"""refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
+atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without them the
+allocator machine does not try the misuse, and calls alloc_decode only with room."""
 ALLOCATOR_OPERATIONS = ("state", "available_sizes", "alloc", "alloc_extend", "alloc_decode",
                         "alloc_extend_swa_tail", "free", "free_swa", "free_full", "free_segment",
                         "free_swa_segment", "free_full_segment", "free_group_begin", "free_group_end",

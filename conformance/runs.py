@@ -81,7 +81,8 @@ def skipped_runs(adapter: Adapter) -> dict[str, str]:
     for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine)):
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
-    for capability in ("page_size_1", "page_size_gt_1", "swa_tail", "free_groups", "pd_decode", "chunked_prefill"):
+    for capability in ("page_size_1", "page_size_gt_1", "swa_tail", "free_groups", "pd_decode", "chunked_prefill",
+                       "refuses_misuse", "atomic_alloc_decode"):
         if capability not in adapter.capabilities:
             left_out[capability] = f"adapter lacks capability {capability}: its runs or rules do not run"
     return left_out
