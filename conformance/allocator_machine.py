@@ -42,12 +42,13 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         @initialize(full_pages=st.integers(2, 8), swa_pages=st.integers(1, 8))
         def build(self, full_pages, swa_pages):
             config = {"page_size": P, "size_full": full_pages * P, "size_swa": swa_pages * P}
+            self.start_example(config)
             allocator = make_allocator(config["size_full"], config["size_swa"], P)
             driver = AllocatorDriver(allocator, P, self.observables, log=note)
             if shadow is not None:  # differential mode: the reference takes every step too
                 reference = shadow(config["size_full"], config["size_swa"], P)
                 driver = DifferentialDriver(driver, AllocatorDriver(reference, P, frozenset(OBSERVABLES)))
-            self.start_example(config, driver)
+            self.driver = driver
 
         @property
         def sequences(self):

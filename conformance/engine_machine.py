@@ -54,6 +54,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.config = EngineConfig(page_size=P, window=W, size_full=full_pages * P, size_swa=swa_pages * P,
                                        max_requests=MAX_REQUESTS, policy=policy)
             note(f"make_engine({self.config})")
+            self.start_example(engine_config_json(self.config))
             engine = make_engine(self.config)
             self.stems = stems
             self.next_id = 0
@@ -63,7 +64,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             driver = EngineDriver(engine, self.observables, log=note)
             if shadow is not None:  # differential mode: the reference takes every step too
                 driver = DifferentialDriver(driver, EngineDriver(shadow(self.config), frozenset(OBSERVABLES)))
-            self.start_example(engine_config_json(self.config), driver)
+            self.driver = driver
 
         # -- helpers ----------------------------------------------------------------------
 

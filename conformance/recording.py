@@ -41,11 +41,12 @@ class RecordingMachine(RuleBasedStateMachine):
         cls.examples, cls.steps, cls.tally, cls.config, cls.recorded = 0, 0, Tally(), {}, []
         cls.started, cls.first_failure_seconds = time.perf_counter(), None
 
-    def start_example(self, config: dict[str, Any], driver):
+    def start_example(self, config: dict[str, Any]):
+        """Called before the implementation is built, so that a failure to build it is
+        reported with its configuration."""
         cls = type(self)
         cls.examples += 1
         cls.config, cls.recorded = config, []
-        self.driver = driver
         if cls.journal:
             cls.journal("example", config)
 

@@ -5,14 +5,31 @@ both drive the same real allocator, request-to-token pool, requests and schedule
 allocation paths. Nothing of SGLang is imported until an adapter builds something.
 """
 
-from .allocator import SglangAllocatorAdapter
+from functools import partial
 
-CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
-                "pd_decode")
+from .allocator import SglangAllocatorAdapter
+from .engine import SglangEngine
+
+CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill")
+"""Not refuses_misuse, not atomic_alloc_decode: see the known divergences."""
 
 
 class SGLANG:
+    """SGLang 0.5.23 with its default (Rust) tree core."""
+
     name = "sglang"
     policy_version = "sglang-0.5.23"
     capabilities = CAPABILITIES
+    observables = ("free_sets", "mapping", "rows")
+    """The Rust tree core cannot be walked (see tree_view.py)."""
+    preload = "kvspec.adapters.sglang.runtime:sglang"
     make_allocator = SglangAllocatorAdapter
+    make_engine = staticmethod(partial(SglangEngine, tree_core="rust"))
+
+
+class SGLANG_PYTHON(SGLANG):
+    """SGLang 0.5.23 with its Python tree core."""
+
+    name = "sglang-python"
+    observables = ("free_sets", "mapping", "rows", "tree")
+    make_engine = staticmethod(partial(SglangEngine, tree_core="python"))

@@ -54,6 +54,14 @@ def pending_pages(allocator) -> tuple[list[int], list[int]]:
     return full, swa
 
 
+def allocator_state(allocator) -> AllocatorState:
+    full_pending, swa_pending = pending_pages(allocator) if allocator.free_group is not None else ([], [])
+    return AllocatorState(allocator.page_size, allocator.size_full,
+                          pool_state("full", allocator.full_attn_allocator, full_pending),
+                          pool_state("swa", allocator.swa_attn_allocator, swa_pending),
+                          tuple(allocator.full_to_swa_index_mapping.tolist()))
+
+
 class SglangAllocatorAdapter:
     def __init__(self, size_full: int, size_swa: int, page_size: int):
         self.allocator = build_allocator(size_full, size_swa, page_size)
@@ -66,11 +74,7 @@ class SglangAllocatorAdapter:
     # -- observation ----------------------------------------------------------------------
 
     def state(self) -> AllocatorState:
-        a = self.allocator
-        full_pending, swa_pending = pending_pages(a) if a.free_group is not None else ([], [])
-        return AllocatorState(self.P, a.size_full, pool_state("full", a.full_attn_allocator, full_pending),
-                              pool_state("swa", a.swa_attn_allocator, swa_pending),
-                              tuple(a.full_to_swa_index_mapping.tolist()))
+        return allocator_state(self.allocator)
 
     def available_sizes(self) -> tuple[int, int]:
         return self.allocator.full_available_size(), self.allocator.swa_available_size()

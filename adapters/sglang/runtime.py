@@ -89,7 +89,7 @@ def import_sglang() -> types.SimpleNamespace:
         import torch
         from sglang.srt import runtime_context
         from sglang.srt.disaggregation.decode import DecodePreallocQueue, alloc_for_decode_prealloc
-        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
         from sglang.srt.mem_cache.allocation import alloc_for_decode, alloc_for_extend
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
