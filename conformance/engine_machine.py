@@ -128,7 +128,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         def finish(self, data, stop):
             rid = data.draw(st.sampled_from(sorted(self.decoding)))
             view = self.view(rid)
-            trim = data.draw(st.integers(0, min(2 * P, view.kv_committed_len - view.cache_protected_len))) if stop else 0
+            # a stop lies among the outputs whose KV is written: one per decode step
+            most = min(2 * P, view.decode_steps, view.kv_committed_len - view.cache_protected_len)
+            trim = data.draw(st.integers(0, most)) if stop else 0
             self.run("finish", rid=rid, trim=trim)
             self.decoding.remove(rid)
 

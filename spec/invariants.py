@@ -276,6 +276,27 @@ def chunk_step(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot)
     return before, after
 
 
+def insert_cursor(before: RequestView, after: RequestView, now: EngineSnapshot) -> Position | None:
+    """The cursor a chunk's checkpoint inserted with. Positions below cpl are the tree's,
+    so a cursor at or past the new cpl says nothing of the insert: an implementation may
+    raise the cursor to cpl after the insert (WIN-3's bump; SGLang 0.5.23 does after an
+    insert it ended early, at a branch point). Then the tree shows it: the start of the
+    live SWA run that ends at cpl on the request's path (not before the old cpl). None
+    when that cannot be seen (no tree in the snapshot)."""
+    end = after.cache_protected_len
+    if after.swa_evicted_seqlen < end:
+        return after.swa_evicted_seqlen
+    path = path_to(node_index(now), after.last_node)
+    if not path or path[-1].end != end:
+        return None
+    start = end
+    for node in reversed(path):
+        if node.swa_value is None or start <= before.cache_protected_len:
+            break
+        start = node.start
+    return max(start, before.cache_protected_len)
+
+
 def chunk_window_bound_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
     """[I9] After a prefill chunk (chunk_step) with insert end E = cpl, cursor e and the
     previous cpl c0: E - e <= eviction_span_bound(retention, P) if the eviction was not
@@ -283,13 +304,15 @@ def chunk_window_bound_violations(previous: EngineSnapshot, step: Step | None, n
     previous cursor, c0) was due and not clamped. And the chunk publishes live SWA on
     [max(e, c0), E) only: there every position of the path is live; a live position in
     [c0, e) must have been live before the step, with the same full and SWA slots (a
-    node another request inserted)."""
+    node another request inserted). e is the insert's cursor (insert_cursor)."""
     pair = chunk_step(previous, step, now)
     if pair is None:
         return []
     before, after = pair
     config, found = now.config, []
-    end, cursor, old_protected = after.cache_protected_len, after.swa_evicted_seqlen, before.cache_protected_len
+    end, cursor, old_protected = after.cache_protected_len, insert_cursor(before, after, now), before.cache_protected_len
+    if cursor is None:
+        return []
     span = eviction_span_bound(retention(config.policy.version, config.window, config.page_size), config.page_size)
     pre_len = after.kv_committed_len - 1  # the chunk's key is the first C tokens
     due = eviction_frontier(pre_len, before.swa_evicted_seqlen, old_protected, config.window, config.page_size,
@@ -315,16 +338,16 @@ def chunk_window_bound_violations(previous: EngineSnapshot, step: Step | None, n
 
 def insert_boundary_violations(previous: EngineSnapshot, step: Step | None, now: EngineSnapshot) -> list[Violation]:
     """[I10] After a prefill chunk (chunk_step) with insert end E = cpl > 0:
-    insert_keeps_window(E, e, W) when the cursor moved past the previous cpl; last_node
-    ends at E; and swa_match_length of its path (root's child to last_node) is E: the
-    new leaf is matchable, never all-tombstone."""
+    insert_keeps_window(E, e, W) when the insert's cursor e (insert_cursor) moved past the
+    previous cpl; last_node ends at E; and swa_match_length of its path (root's child to
+    last_node) is E: the new leaf is matchable, never all-tombstone."""
     pair = chunk_step(previous, step, now)
     if pair is None or pair[1].cache_protected_len == 0:
         return []
     before, after = pair
     found, nodes, window = [], node_index(now), now.config.window
-    end, cursor = after.cache_protected_len, after.swa_evicted_seqlen
-    if cursor > before.cache_protected_len and not insert_keeps_window(end, cursor, window):
+    end, cursor = after.cache_protected_len, insert_cursor(before, after, now)
+    if cursor is not None and cursor > before.cache_protected_len and not insert_keeps_window(end, cursor, window):
         found.append(Violation("I10", f"request {after.rid}: new leaf with live SWA [{cursor}, {end}), fewer than min(W, E) = {min(window, end)}"))
     if after.last_node not in nodes or nodes[after.last_node].end != end:
         depth = nodes[after.last_node].end if after.last_node in nodes else None
