@@ -93,21 +93,21 @@ ALLOCATOR_CHECKS: tuple[Check, ...] = (
 )
 """The allocator invariants (spec.accounting), checked while the machine holds `held`."""
 
-_ENGINE_NEEDS = {  # what each engine predicate reads, beyond counts
+_ENGINE_NEEDS = {  # what each engine predicate reads, beyond counts (the tree: positions below cpl)
     "engine_free_list_violations": {"free_sets"},
     "full_conservation_violations": {"free_sets", "rows", "tree"},
     "swa_conservation_violations": {"free_sets", "rows", "tree", "mapping"},
-    "engine_ownership_violations": {"rows", "tree"},
-    "engine_mapping_violations": {"mapping"},
-    "engine_alignment_violations": {"rows"},
+    "engine_ownership_violations": {"rows", "tree", "mapping"},
+    "engine_mapping_violations": {"mapping", "rows", "tree"},
+    "engine_alignment_violations": {"rows", "tree"},
     "cursor_bound_violations": {"rows"},
     "cursor_monotonicity_violations": {"rows"},
-    "window_liveness_violations": {"rows", "mapping"},
-    "decode_read_window_violations": {"rows", "mapping"},
+    "window_liveness_violations": {"rows", "mapping", "tree"},
+    "decode_read_window_violations": {"rows", "mapping", "tree"},
     "decode_window_bound_violations": {"rows", "mapping"},
-    "chunk_window_bound_violations": {"rows", "mapping"},
-    "insert_boundary_violations": {"tree"},
-    "lock_violations": {"tree"},
+    "chunk_window_bound_violations": {"rows", "mapping", "tree"},
+    "insert_boundary_violations": {"rows", "tree"},
+    "lock_violations": {"rows", "tree"},
     "ledger_violations": {"tree"},
     "tree_structure_violations": {"tree", "mapping"},
     "eviction_violations": {"tree"},

@@ -19,7 +19,7 @@ def tree_view(cache, component_type) -> tuple[tuple[NodeView, ...], Ledgers]:
     ledgers = Ledgers(cache.full_evictable_size(), cache.full_protected_size(), cache.swa_evictable_size(),
                       cache.swa_protected_size())
     core = cache.tree_core
-    if not hasattr(core, "root_node") or type(core).__module__.endswith("rust_tree_core.adapter"):
+    if type(core).__module__.endswith("rust_tree_core.adapter"):
         return (), ledgers
     full, swa = component_type.FULL, component_type.SWA
     views = []
