@@ -8,7 +8,7 @@ fail: growing, forking with and without the PD-decode SWA tail, window releases,
 frees set-shaped and segment-shaped, free groups, and the misuse the spec requires to
 be refused. Every step is `note()`d and recorded, so a failure is a replayable trace.
 
-With `shadow` (the reference's make_allocator) every step also runs on the reference,
+With `shadow` (another adapter, the reference by default) every step also runs on it,
 and the observables the spec fixes must agree (differential.py).
 
 `make_allocator(size_full, size_swa, page_size)` must return an object with the
@@ -32,7 +32,7 @@ ALL = frozenset({"swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_deco
 
 def allocator_machine(make_allocator: Callable, page_size: int, capabilities: Iterable[str] = ALL,
                       observables: Iterable[str] = OBSERVABLES,
-                      shadow: Callable | None = None) -> type[RecordingMachine]:
+                      shadow=None) -> type[RecordingMachine]:
     P = page_size
     lengths = st.integers(1, 3 * P + 1)
 
@@ -45,9 +45,9 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             self.start_example(config)
             allocator = make_allocator(config["size_full"], config["size_swa"], P)
             driver = AllocatorDriver(allocator, P, self.observables, log=note)
-            if shadow is not None:  # differential mode: the reference takes every step too
-                reference = shadow(config["size_full"], config["size_swa"], P)
-                driver = DifferentialDriver(driver, AllocatorDriver(reference, P, frozenset(OBSERVABLES)))
+            if shadow is not None:  # differential mode: the other adapter takes every step too
+                other = shadow.make_allocator(config["size_full"], config["size_swa"], P)
+                driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables))
             self.driver = driver
 
         @property

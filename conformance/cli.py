@@ -1,7 +1,7 @@
 """The `kvspec` command line.
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
-                   [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential] [--run TEXT]
+                   [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential [ADAPTER]] [--run TEXT]
                    [--no-shrink]
     kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
     kvspec vectors --out DIR [--seed N]
@@ -36,6 +36,9 @@ from .vectors import corpus_files, write_corpus
 def check(args) -> int:
     adapter = load_adapter(args.adapter)
     probe(adapter)
+    other = load_adapter(args.differential) if args.differential else None
+    if other is not None:
+        probe(other)
     labels = [label for label, _ in machines(adapter)]
     if args.run:
         # each TEXT picks the run it names exactly, else every run whose label contains it
@@ -47,7 +50,7 @@ def check(args) -> int:
     jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential, not args.no_shrink)
             for label in labels]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
-          f"{len(jobs)} runs on {args.workers} worker(s){', against the reference' if args.differential else ''}",
+          f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
           flush=True)
     for what, why in skipped_runs(adapter).items():
         print(f"  skipped: {what}: {why}")
@@ -69,7 +72,8 @@ def check(args) -> int:
                 print(f"    trace ({result.trace_steps} steps): {result.trace}\n"
                       f"    replay: kvspec replay {result.trace} --adapter {args.adapter}", flush=True)
 
-    run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done)
+    run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done,
+             preload=adapter.preload + (other.preload if other else ()))
     report = CheckReport(kvspec_version(), adapter.name, adapter.policy_version, args.profile, args.seed, stamp,
                          time.perf_counter() - started, [results[label] for label in labels])
     print()
@@ -140,7 +144,7 @@ def replay_command(args) -> int:
 
     replayed = [path for path in traces if path not in skipped]
     run_jobs([(str(path), args.adapter, args.verbose) for path in replayed], isolated_replay, lost_replay,
-             args.workers, args.step_timeout, done)
+             args.workers, args.step_timeout, done, preload=adapter.preload)
     print(f"\n{len(replayed) - failures} of {len(replayed)} trace(s) replayed in full without a violation"
           + (f"; {len(skipped)} skipped (the adapter lacks what they need)" if skipped else ""))
     return 1 if failures else 0
@@ -170,8 +174,9 @@ def main(argv=None) -> int:
                               help="only the runs whose label contains TEXT (repeatable), e.g. 'engine P=4 W=6'")
     check_parser.add_argument("--no-shrink", action="store_true",
                               help="save the first counterexample as found, unshrunk (shrinking can take a minute)")
-    check_parser.add_argument("--differential", action="store_true",
-                              help="also run every step on the reference and compare what the spec fixes (OBS-3)")
+    check_parser.add_argument("--differential", nargs="?", const="reference", metavar="ADAPTER",
+                              help="also run every step on ADAPTER (default: the reference) and compare what the "
+                                   "spec fixes (OBS-3)")
     check_parser.set_defaults(func=check)
 
     replay_parser = commands.add_parser("replay", help="replay a trace, or a directory of conformance vectors")

@@ -13,7 +13,7 @@ be refused with InvalidRequest. Every step is `note()`d and recorded (see trace.
 `make_engine(config)` must return an object with kvspec.conformance.protocol's
 ENGINE_OPERATIONS. Capabilities the adapter lacks turn rules off: without `pd_decode`
 no PD-decode admissions, without `chunked_prefill` every prefill is one chunk. With
-`shadow` (the reference's make_engine) every step also runs on the reference, and the
+`shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
 
@@ -38,7 +38,7 @@ MAX_REQUESTS = 4
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
                    capabilities: Iterable[str] = ALL, observables: Iterable[str] = OBSERVABLES,
-                   shadow: Callable | None = None
+                   shadow=None
                    ) -> type[RecordingMachine]:
     P, W = page_size, window
     longest_prompt = 2 * W + 4 * P
@@ -62,8 +62,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.decoding: set[str] = set()
             self.retracted: set[str] = set()
             driver = EngineDriver(engine, self.observables, log=note)
-            if shadow is not None:  # differential mode: the reference takes every step too
-                driver = DifferentialDriver(driver, EngineDriver(shadow(self.config), frozenset(OBSERVABLES)))
+            if shadow is not None:  # differential mode: the other adapter takes every step too
+                driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config), shadow.observables))
             self.driver = driver
 
         # -- helpers ----------------------------------------------------------------------

@@ -76,17 +76,18 @@ def worker_main(work: Callable, job: Any, connection, heartbeat, journal_path: s
     connection.close()
 
 
-def context():
+def context(preload: Iterable[str] = ()):
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, *preload])
     return ctx
 
 
 def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: Callable[[Any, Lost], Any],
-             workers: int, step_timeout: float, on_done: Callable[[Any, Any], None]) -> None:
+             workers: int, step_timeout: float, on_done: Callable[[Any, Any], None], preload: Iterable[str] = ()) -> None:
     """Run `work(job, journal)` for every job in a worker process; call `on_done(job,
-    result)` as each finishes, with `on_lost(job, lost)` as the result of a lost one."""
-    ctx = context()
+    result)` as each finishes, with `on_lost(job, lost)` as the result of a lost one.
+    `preload`: modules the forkserver imports first (an adapter's slow imports, once)."""
+    ctx = context(preload)
     pending = list(jobs)
     running = []
     with tempfile.TemporaryDirectory(prefix="kvspec-journal-") as journals:

@@ -11,6 +11,7 @@ An adapter is any object (a module, a class, an instance) with these attributes:
                          lacks are reported as skipped, never as passed
     make_allocator       (size_full, size_swa, page_size) -> allocator    allocator tier
     make_engine          (EngineConfig) -> engine                         engine tier
+    preload              optional: modules to import once in the forkserver (slow imports)
 
 At least one tier. An allocator offers ALLOCATOR_OPERATIONS (kvspec.spec.allocator's
 HybridAllocatorOperations, plus `state()` and `available_sizes()`); an engine offers
@@ -68,6 +69,8 @@ class Adapter:
     observables: frozenset[str] = frozenset(OBSERVABLES)
     spec: str = ""
     """What it was loaded by: a worker process loads it again by this."""
+    preload: tuple[str, ...] = ()
+    """Modules worker processes import before forking (the implementation's slow imports)."""
 
 
 def resolve(spec: str) -> Any:
@@ -126,7 +129,9 @@ def validate(candidate: Any, spec: str) -> Adapter:
             problems.append(f"{label} must be callable")
     if problems:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
-    return Adapter(name, version, capabilities, make_allocator, make_engine, observables, spec)
+    preload = getattr(candidate, "preload", ())
+    preload = (preload,) if isinstance(preload, str) else tuple(preload)
+    return Adapter(name, version, capabilities, make_allocator, make_engine, observables, spec, preload)
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

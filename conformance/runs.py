@@ -40,24 +40,25 @@ cursor by 128 tokens): (4, 8, 128) checks that nothing is evicted before it is d
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
 
 
-def machines(adapter: Adapter, against_reference: bool = False):
+def machines(adapter: Adapter, against: str | None = None):
     """(label, state machine class) of every run a check makes, for the tiers and page
-    sizes the adapter has; with `against_reference`, each step is also applied to the
-    reference and the observables the spec fixes must agree (differential mode)."""
-    reference = load_adapter("reference") if against_reference else None
+    sizes the adapter has; with `against` (an adapter spec, e.g. "reference"), each step
+    is also applied to that adapter and the observables the spec fixes must agree
+    (differential mode)."""
+    shadow = load_adapter(against) if against else None
     if adapter.make_allocator is not None:
         for page_size in PAGE_SIZES:
             if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
                 yield f"allocator P={page_size}", allocator_machine(
                     adapter.make_allocator, page_size, adapter.capabilities, adapter.observables,
-                    shadow=reference and reference.make_allocator)
+                    shadow=shadow)
     if adapter.make_engine is not None:
         for page_size, window, interval in ENGINE_CONFIGS:
             if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
                 policy = Policy(adapter.policy_version, decode_eviction_interval=interval)
                 yield (f"engine P={page_size} W={window} I={interval}",
                        engine_machine(adapter.make_engine, page_size, window, policy, adapter.capabilities,
-                                      adapter.observables, shadow=reference and reference.make_engine))
+                                      adapter.observables, shadow=shadow))
 
 
 def probe(adapter: Adapter) -> None:
@@ -97,7 +98,8 @@ class Job:
     seed: int | None
     traces: str
     """Directory where a counterexample is saved."""
-    differential: bool = False
+    differential: str | None = None
+    """The adapter every step is also applied to (differential mode), or None."""
     shrink: bool = True
     """False keeps the first counterexample as found: sooner, but longer."""
 
@@ -117,10 +119,10 @@ def tallies(machine) -> tuple[dict[str, ClassTally], dict[str, str]]:
 
 
 def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str, bool]:
-    """Save a counterexample with the reference's expectations; whether replaying the
-    saved file reproduces the failure."""
+    """Save a counterexample with the expectations of the reference (or of the adapter
+    it was compared with); whether replaying the saved file reproduces the failure."""
     try:
-        trace = with_expectations(trace, load_adapter("reference"))
+        trace = with_expectations(trace, load_adapter(job.differential or "reference"))
     except (StepFailure, AdapterError):
         pass  # the reference cannot run this configuration: the steps alone still replay
     path = trace.save(trace_path(job))

@@ -22,7 +22,7 @@ class SGLANG:
     capabilities = CAPABILITIES
     observables = ("free_sets", "mapping", "rows")
     """The Rust tree core cannot be walked (see tree_view.py)."""
-    preload = "kvspec.adapters.sglang.runtime:sglang"
+    preload = "kvspec.adapters.sglang.preload"
     make_allocator = SglangAllocatorAdapter
     make_engine = staticmethod(partial(SglangEngine, tree_core="rust"))
 

@@ -1,0 +1,5 @@
+"""Imported by the forkserver before it forks workers: SGLang's imports, once."""
+
+from .runtime import sglang
+
+sglang()
