@@ -1,0 +1,116 @@
+"""Every known place where real SGLang 0.5.23 differs from kvspec's spec.
+
+Each entry names the clauses it breaks, the adapters it shows on, a minimal trace
+(`divergences/<id>.jsonl`, steps with the reference's expectations, the diverging step
+marked) and why. `tests/test_sglang_divergences.py` replays every trace on every adapter
+it names and requires the divergence to still reproduce, so an upstream fix is noticed
+(and the entry then goes). Nothing here loosens a check:
+
+- divergences a `kvspec check` would otherwise hit at once are steered around by
+  capabilities the sglang adapters do not declare (`refuses_misuse`,
+  `atomic_alloc_decode`): the report lists those rules and checks as skipped;
+- divergences seen only against the reference (`--differential`, vectors) are
+  differences in the observables the spec fixes (OBS-3), not invariant violations.
+
+`python -m kvspec.adapters.sglang.divergences` records the traces again from the steps
+below (needs SGLang installed); it refuses to write one that does not reproduce.
+"""
+
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvspec.conformance.protocol import load_adapter
+from kvspec.conformance.replay import replay, with_expectations
+from kvspec.conformance.trace import Trace, TraceStep, load
+
+FOLDER = Path(__file__).parent / "divergences"
+BOTH = ("sglang", "sglang-python")
+
+
+@dataclass(frozen=True)
+class KnownDivergence:
+    id: str
+    clauses: tuple[str, ...]
+    title: str
+    explanation: str
+    upstream: str
+    """Where the behaviour lives in SGLang 0.5.23 (sglang/srt/...), or an upstream reference."""
+    tier: str
+    config: dict
+    steps: tuple[tuple[str, dict], ...]
+    adapters: tuple[str, ...] = BOTH
+    steered_by: str = ""
+    """The capability the sglang adapters leave out so that `kvspec check` does not stop here."""
+    differential: bool = False
+    """Seen only against the reference's expectations (OBS-3)."""
+
+    @property
+    def path(self) -> Path:
+        return FOLDER / f"{self.id}.jsonl"
+
+    def trace(self) -> Trace:
+        return load(self.path)
+
+
+def misuse(id: str, op: str, args: dict, what: str, upstream: str, page_size: int = 4,
+           setup: tuple = ()) -> KnownDivergence:
+    P = page_size
+    return KnownDivergence(
+        id, ("ALLOC-6",), f"accepts a free of {what}",
+        f"With its invariant checks off (SGLANG_INVARIANT_CHECK unset, the default), SGLang's hybrid allocator "
+        f"accepts a free of {what} and changes its free lists; the spec requires InvalidFree and no change. "
+        f"Its guards are `expect(...)` calls that only signal when the checks are on.",
+        upstream, "allocator", {"page_size": P, "size_full": 8 * P, "size_swa": 8 * P},
+        (("new_sequence", {"length": 3 * P}), *setup, (op, args)), steered_by="refuses_misuse")
+
+
+KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
+    misuse("SGL-1", "free_padding_page", {}, "the padding page (slot 0)",
+           "mem_cache/allocator/paged.py free (page 0 is released like any other); swa.py:609-623 free_full"),
+    misuse("SGL-2", "free_a_free_page", {"index": 0}, "a page that is already free (a double free)",
+           "mem_cache/allocator/paged.py:328-338 free (no check against the free list; "
+           "only SGLANG_DEBUG_MEMORY_POOL looks for duplicates)"),
+    misuse("SGL-3", "free_slot_twice", {"sequence": 0, "position": 1}, "the same slot twice in one call",
+           "mem_cache/allocator/token.py:65-75 free (page size 1 appends every slot, no dedup)", page_size=1),
+    misuse("SGL-4", "free_full_with_live_peer", {"sequence": 0, "position": 1},
+           "a full slot whose SWA peer is still live (free_full): the SWA page is stranded, mapped from a free slot",
+           "mem_cache/allocator/swa.py:609-623 free_full (expect _SWA_PEER_RELEASED)"),
+    misuse("SGL-5", "free_swa_of_released", {"sequence": 0},
+           "the SWA peers of a segment whose SWA is already released (free_swa_segment): the unmapped peers read "
+           "as slot 0 and the padding page goes into the SWA free list",
+           "mem_cache/allocator/swa.py:532-575 _free_swa_pages (expect _SWA_PEER_MAPPED)",
+           setup=(("release_swa", {"sequence": 0, "pages": 1, "set_shaped": False}),)),
+    KnownDivergence(
+        "SGL-6", ("ALLOC-4",), "a failed alloc_decode keeps the full page it took",
+        "alloc_decode runs the full sub-allocator, then the SWA one; when only the SWA pool is out of pages it "
+        "returns None but the full page it took is neither returned nor mapped: a leak (I2) unless the caller "
+        "crashes. SGLang's scheduler never calls it without room (check_decode_capacity, then a RuntimeError on "
+        "None), so the engine tier never sees it; the allocator tier, which calls without a capacity check, does.",
+        "mem_cache/allocator/swa.py:430-465 alloc_decode",
+        "allocator", {"page_size": 4, "size_full": 32, "size_swa": 4},
+        (("new_sequence", {"length": 4}), ("decode", {"sequence": 0})), steered_by="atomic_alloc_decode"),
+)
+
+
+def record(divergence: KnownDivergence) -> Path:
+    """Write the divergence's trace: its steps with the reference's expectations, the
+    step where the first adapter it names diverges marked with what it broke."""
+    steps = tuple(TraceStep(op, args) for op, args in divergence.steps)
+    trace = Trace(divergence.tier, divergence.config, divergence.adapters[0], steps,
+                  label=f"{divergence.id}: {divergence.title}", description=divergence.explanation)
+    trace = with_expectations(trace, load_adapter("reference"))
+    result = replay(trace, load_adapter(divergence.adapters[0]))
+    if result.failure is None:
+        raise SystemExit(f"{divergence.id} does not reproduce on {divergence.adapters[0]}: {result.verdict()}")
+    marked = list(trace.steps)
+    marked[result.stopped_at] = replace(marked[result.stopped_at], violated=result.failure.clauses
+                                        or (result.failure.kind,), message=str(result.failure))
+    return replace(trace, steps=tuple(marked[:result.stopped_at + 1])).save(divergence.path)
+
+
+if __name__ == "__main__":
+    chosen = set(sys.argv[1:])
+    for divergence in KNOWN_DIVERGENCES:
+        if not chosen or divergence.id in chosen:
+            print(f"{divergence.id}: {record(divergence)}")
