@@ -158,7 +158,7 @@ def load_adapter(spec: str) -> Adapter:
             try:
                 instance = factory(*args)
             except Exception as error:  # the adapter cannot even build its implementation
-                raise AdapterError(f"adapter {spec!r}: {factory.__name__}{args} raised "
+                raise AdapterError(f"adapter {spec!r}: make_{tier}{args} raised "
                                    f"{type(error).__name__}: {error}") from error
             return check_instance(instance, operations, tier, spec)
 
