@@ -20,7 +20,14 @@ from kvspec.spec.allocator import new_pages_available, swa_tail_split
 from kvspec.spec.outcomes import KvSpecError, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
-from .checks import leak_clauses, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally, allocator_violations
+from .checks import (
+    ImplementationCrash,
+    InvariantViolation,
+    StepNotApplicable,
+    Tally,
+    allocator_violations,
+    leak_clauses,
+)
 from .trace import TraceStep
 
 REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",

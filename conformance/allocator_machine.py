@@ -15,9 +15,10 @@ and the observables the spec fixes must agree (differential.py).
 allocator operations of kvspec.conformance.protocol.ALLOCATOR_OPERATIONS.
 """
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
-from hypothesis import note, strategies as st
+from hypothesis import note
+from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.pages import floor_page

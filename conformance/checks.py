@@ -12,8 +12,8 @@ sequence or request the implementation does not have: it diverged earlier).
 """
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from kvspec.spec import accounting
 from kvspec.spec.accounting import AllocatorState, HeldSequence

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from .diff_helpers import add_command as add_diff_helpers
 from .checks import ImplementationCrash
+from .diff_helpers import add_command as add_diff_helpers
 from .isolation import Journal, Lost, run_jobs
 from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter

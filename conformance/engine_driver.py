@@ -13,7 +13,7 @@ from typing import Any
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, fixed_observables
 
-from .checks import leak_clauses, ImplementationCrash, InvariantViolation, Tally, engine_violations
+from .checks import ImplementationCrash, InvariantViolation, Tally, engine_violations, leak_clauses
 from .trace import TraceStep
 
 PARAMETERS = {  # each operation's arguments, in the order the engine protocol takes them

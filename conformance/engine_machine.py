@@ -17,9 +17,10 @@ no PD-decode admissions, without `chunked_prefill` every prefill is one chunk. W
 observables the spec fixes must agree (differential.py).
 """
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
-from hypothesis import note, strategies as st
+from hypothesis import note
+from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.snapshot import EngineConfig

@@ -28,9 +28,10 @@ validates what it finds, with errors that say what is missing and how to fix it.
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 from kvspec.spec.window import POLICY_VERSIONS
 

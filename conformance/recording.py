@@ -9,8 +9,9 @@ example last, so the class's `recorded` steps are then the shrunk counterexample
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine

@@ -34,6 +34,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import jsonschema
+
 from kvspec.spec.clauses import CLAUSE_ID
 from kvspec.spec.invariants import INVARIANT_CLASSES
 

@@ -14,16 +14,17 @@ naming the file, the line and what is wrong.
 """
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.allocator import validate_pool_config
+from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy, validate_window_config
 
 FORMAT_VERSION = 1

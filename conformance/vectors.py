@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import DROP_MARGIN, POLICY_VERSIONS, SGLANG_0_5_23, NO_PREFIX_SHARING, Policy
+from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, POLICY_VERSIONS, SGLANG_0_5_23, Policy
 
 from .allocator_machine import allocator_machine
 from .engine_machine import engine_machine

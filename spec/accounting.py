@@ -13,8 +13,8 @@ Observed data:
 """
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .notation import MAPPING_SENTINEL, NO_SWA_PEER, PADDING_PAGE, PageId, Position, SlotId, Violation
 

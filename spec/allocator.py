@@ -7,8 +7,9 @@ the PD-decode tail split (ALLOC-3) says how many pages each pool gives when only
 last `swa_tail_len` tokens need SWA KV.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from .notation import Position
 from .outcomes import OutOfMemory

@@ -16,16 +16,30 @@ Who holds what (for the allocator invariants I1-I6 of spec/accounting.py, reused
 """
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
-from .accounting import (HeldSequence, alignment_violations, conservation_violations, free_list_violations,
-                         held_full_pages, held_swa_pages, mapping_violations, ownership_violations)
+from .accounting import (
+    HeldSequence,
+    alignment_violations,
+    conservation_violations,
+    free_list_violations,
+    held_full_pages,
+    held_swa_pages,
+    mapping_violations,
+    ownership_violations,
+)
 from .notation import Position, SlotId, Violation
 from .pages import ceil_page
 from .snapshot import EngineSnapshot, NodeView, RequestView, Step
-from .window import (decode_window_bound, eviction_frontier, eviction_span_bound, insert_keeps_window, retention,
-                     swa_match_length)
+from .window import (
+    decode_window_bound,
+    eviction_frontier,
+    eviction_span_bound,
+    insert_keeps_window,
+    retention,
+    swa_match_length,
+)
 
 INVARIANT_CLASSES = ("alignment", "window-liveness", "window-bound", "leak", "mapping", "ownership", "locks", "atomicity")
 EVICTING_OPERATIONS = ("evict", "prefill_chunk", "decode", "admit", "pd_admit")

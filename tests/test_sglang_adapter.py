@@ -5,24 +5,24 @@ skipped, and bad configurations get a clear error.
 Needs SGLang installed (adapters/sglang/requirements.txt); CI installs it and sets
 KVSPEC_REQUIRE_SGLANG=1, which turns a missing SGLang into a failure instead of a skip."""
 
+import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 
-if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1":
-    pytest.importorskip("sglang", reason="SGLang is not installed: pip install --no-deps -r adapters/sglang/requirements.txt")
+if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("sglang") is None:
+    pytest.skip("SGLang is not installed: pip install --no-deps -r adapters/sglang/requirements.txt",
+                allow_module_level=True)
 
 from kvspec.adapters.sglang.runtime import sglang
-from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.checks import OBSERVABLES, InvariantViolation
+from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.protocol import AdapterError, load_adapter
 from kvspec.conformance.runs import probe
 from kvspec.conformance.trace import TraceStep
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
-
 
 
 @pytest.mark.parametrize("adapter", ["sglang", "sglang-python"])
@@ -58,7 +58,7 @@ def test_a_bug_patched_into_sglang_is_caught(monkeypatch):
     free_swa_out_of_window_slots: at P=4, W=5 a 10-token chunk leaves 4 < W live SWA
     tokens in its leaf, which is then unmatchable (I10). Unpatched, the same steps pass."""
     sglang()  # SGLang's modules import through the adapter's runtime (the torchvision stub)
-    import sglang.srt.mem_cache.common as common
+    from sglang.srt.mem_cache import common
 
     config = EngineConfig(page_size=4, window=5, size_full=64, size_swa=32, max_requests=4,
                           policy=Policy("sglang-0.5.23", 4))

@@ -11,7 +11,7 @@ SGLang raises on its contract checks becomes `InvalidFree`/`InvalidAllocation`, 
 harness then checks that the refused call changed nothing.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.outcomes import InvalidAllocation, InvalidFree, OutOfMemory

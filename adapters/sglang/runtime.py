@@ -64,7 +64,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def torchvision_importable() -> bool:
     try:
         import torchvision  # noqa: F401
-    except Exception:  # missing, or a CUDA build that fails to load beside CPU torch
+    except Exception:  # noqa: BLE001 - missing, or a CUDA build that fails to load beside CPU torch
         for name in [m for m in sys.modules if m == STUBBED or m.startswith(STUBBED + ".")]:
             del sys.modules[name]  # a half-imported real torchvision must not linger
         return False
@@ -88,13 +88,12 @@ def import_sglang() -> types.SimpleNamespace:
         warnings.simplefilter("ignore")  # "Only CUDA ... support AWQ/GGUF": true, and irrelevant here
         import torch
         from sglang.srt import runtime_context
-        from sglang.srt.disaggregation.decode import DecodePreallocQueue, alloc_for_decode_prealloc
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
         from sglang.srt.mem_cache.allocation import alloc_for_decode, alloc_for_extend
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
@@ -102,7 +101,13 @@ def import_sglang() -> types.SimpleNamespace:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.server_args import ServerArgs
-    return types.SimpleNamespace(**{name: value for name, value in locals().items()})
+    return types.SimpleNamespace(
+        torch=torch, runtime_context=runtime_context, FINISH_LENGTH=FINISH_LENGTH, Req=Req, ScheduleBatch=ScheduleBatch,
+        alloc_for_decode=alloc_for_decode, alloc_for_extend=alloc_for_extend,
+        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator, EvictParams=EvictParams, CacheInitParams=CacheInitParams,
+        checkpoint_kv_cache=checkpoint_kv_cache, release_kv_cache=release_kv_cache, ReqToTokenPool=ReqToTokenPool,
+        SWAKVPool=SWAKVPool, ComponentType=ComponentType, UnifiedRadixCache=UnifiedRadixCache,
+        ForwardMode=ForwardMode, SamplingParams=SamplingParams, ServerArgs=ServerArgs)
 
 
 SGLANG = None
