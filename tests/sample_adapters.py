@@ -1,5 +1,7 @@
 """Adapters for the CLI tests, loaded by `module:attribute` as a third party's would be."""
 
+from dataclasses import replace
+
 from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
@@ -86,5 +88,12 @@ def engine_adapter(name, make_engine, **extra):
 CRASHING = engine_adapter("CRASHING", CrashingEngine)
 HANGING = engine_adapter("HANGING", HangingEngine)
 GREEDY_EVICTION = engine_adapter("GREEDY_EVICTION", GreedyEvictionAdapter)
-NO_TREE_DUMP = engine_adapter("NO_TREE_DUMP", ReferenceEngineAdapter, observables=("free_sets", "mapping", "rows"))
+class TreelessEngineAdapter(ReferenceEngineAdapter):
+    """Shows no tree at all, as SGLang's Rust tree core cannot: no nodes, no ledgers."""
+
+    def snapshot(self):
+        return replace(self.engine.snapshot(), nodes=(), ledgers=None)
+
+
+NO_TREE_DUMP = engine_adapter("NO_TREE_DUMP", TreelessEngineAdapter, observables=("free_sets", "mapping", "rows"))
 """An engine that cannot show its prefix tree: the checks that read it are skipped."""
