@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.outcomes import InvalidAllocation, InvalidFree, OutOfMemory
+from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 
 from .runtime import sglang
 
@@ -107,7 +108,7 @@ class SglangAllocatorAdapter:
         prefix, seq = self.tensor(prefix_lens), self.tensor(seq_lens)
         result = self.allocate(self.allocator.alloc_extend, prefix, prefix.clone(), seq, seq.clone(),
                                self.tensor(last_loc), tokens)
-        pages = sum(-(-n // self.P) - -(-p // self.P) for p, n in zip(prefix_lens, seq_lens))
+        pages = sum(new_pages_for_extend(p, n, self.P) for p, n in zip(prefix_lens, seq_lens))
         return self.allocated(result, pages, pages)
 
     def alloc_decode(self, seq_lens: Sequence[int], last_loc: Sequence[int]):
@@ -115,15 +116,15 @@ class SglangAllocatorAdapter:
             return self.alloc(len(seq_lens))
         seq = self.tensor(seq_lens)
         result = self.allocate(self.allocator.alloc_decode, seq, seq.clone(), self.tensor(last_loc))
-        pages = sum((n - 1) % self.P == 0 for n in seq_lens)
+        pages = sum(new_pages_for_decode(n, self.P) for n in seq_lens)
         return self.allocated(result, pages, pages)
 
     def alloc_extend_swa_tail(self, prefix_len: int, seq_len: int, last_loc: int, swa_tail_len: int):
         prefix, seq = self.tensor([prefix_len]), self.tensor([seq_len])
         result = self.allocate(self.allocator.alloc_extend_swa_tail, prefix, prefix.clone(), seq, seq.clone(),
                                self.tensor([last_loc]), seq_len - prefix_len, swa_tail_len)
-        full_pages = -(-seq_len // self.P) - -(-prefix_len // self.P)
-        return self.allocated(result, full_pages, -(-swa_tail_len // self.P))
+        return self.allocated(result, new_pages_for_extend(prefix_len, seq_len, self.P),
+                              pages_for(swa_tail_len, self.P))
 
     # -- frees ----------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from kvspec.conformance.protocol import load_adapter
 from kvspec.conformance.replay import replay, with_expectations
-from kvspec.conformance.trace import Trace, TraceStep, load
+from kvspec.conformance.trace import Trace, TraceStep, engine_config_json, load
+from kvspec.spec.snapshot import EngineConfig
+from kvspec.spec.window import SGLANG_0_5_23, Policy
 
 FOLDER = Path(__file__).parent / "divergences"
 BOTH = ("sglang", "sglang-python")
@@ -65,6 +67,11 @@ def misuse(id: str, op: str, args: dict, what: str, upstream: str, page_size: in
         (("new_sequence", {"length": 3 * P}), *setup, (op, args)), steered_by="refuses_misuse")
 
 
+def engine_config(page_size: int, window: int, size_full: int, size_swa: int) -> dict:
+    """A trace header's engine configuration, at SGLang's policy (interval 4)."""
+    return engine_config_json(EngineConfig(page_size, window, size_full, size_swa, 4, Policy(SGLANG_0_5_23, 4)))
+
+
 KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
     misuse("SGL-1", "free_padding_page", {}, "the padding page (slot 0)",
            "mem_cache/allocator/paged.py free (page 0 is released like any other); swa.py:609-623 free_full"),
@@ -100,8 +107,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "one to revisit: evicting against availability is what an implementer would expect.",
         "mem_cache/allocator/swa.py:210-220 evict_to_free_tokens; mem_cache/unified_radix_cache.py:697-778, "
         "968-998 evict_for_alloc; mem_cache/allocation.py:175-200",
-        "engine", {"page_size": 4, "window": 8, "size_full": 32, "size_swa": 32, "max_requests": 4,
-                   "policy": {"version": "sglang-0.5.23", "decode_eviction_interval": 4}},
+        "engine", engine_config(page_size=4, window=8, size_full=32, size_swa=32),
         (("admit", {"rid": "a", "prompt": list(range(12))}), ("prefill_chunk", {"rid": "a", "chunk": 12, "token": 0}),
          ("finish", {"rid": "a", "trim": 0}), ("admit", {"rid": "b", "prompt": list(range(100, 124))}),
          ("prefill_chunk", {"rid": "b", "chunk": 24, "token": 0})), differential=True),
@@ -116,8 +122,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "swa_branching_seqlen yet.",
         "mem_cache/unified_cache/components/swa.py:379-421 (swa_branching_seqlen at match), 999-1069 "
         "(prepare_for_caching_req truncation, post-insert cleanup); unified_radix_cache.py:1164-1335 checkpoint",
-        "engine", {"page_size": 4, "window": 6, "size_full": 52, "size_swa": 12, "max_requests": 4,
-                   "policy": {"version": "sglang-0.5.23", "decode_eviction_interval": 4}},
+        "engine", engine_config(page_size=4, window=6, size_full=52, size_swa=12),
         (("admit", {"rid": "r1", "prompt": [0] * 13}), ("prefill_chunk", {"rid": "r1", "chunk": 12, "token": 0}),
          ("prefill_chunk", {"rid": "r1", "chunk": 1, "token": 0}), ("retract", {"rid": "r1"}),
          ("evict", {"full_tokens": 0, "swa_tokens": 4}), ("admit", {"rid": "r1", "prompt": None}),

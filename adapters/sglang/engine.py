@@ -28,6 +28,7 @@ import types
 from array import array
 
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
+from kvspec.spec.pages import new_pages_for_extend
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
@@ -104,7 +105,7 @@ class SglangEngine:
         demand = seq_len - prefix_len + (P if P > 1 else 0)
         with quiet():
             self.allocator.evict_to_free_tokens(self.cache, demand)
-        pages = -(-seq_len // P) - -(-prefix_len // P)
+        pages = new_pages_for_extend(prefix_len, seq_len, P)
         return self.allocator.new_pages_available(pages, pages)
 
     def out_of_memory(self) -> OutOfMemory:
