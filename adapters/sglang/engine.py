@@ -23,7 +23,6 @@ request dropped before its first extend only gives its lock back. A `RuntimeErro
 
 import contextlib
 import io
-import logging
 import types
 from array import array
 
@@ -41,9 +40,8 @@ MAX_NEW_TOKENS = 1 << 30
 
 @contextlib.contextmanager
 def quiet():
-    """SGLang prints its tree and logs errors on a failed allocation; keep the run's
-    output the harness's."""
-    logging.getLogger("sglang").setLevel(logging.CRITICAL)
+    """SGLang prints its tree on a failed allocation; keep the run's output the
+    harness's. (Its error logs are silenced once, in runtime.import_sglang.)"""
     with contextlib.redirect_stdout(io.StringIO()):
         yield
 
@@ -214,9 +212,9 @@ class SglangEngine:
         if rid not in self.finished_prefill:
             raise InvalidRequest(f"request {rid!r} cannot finish during prefill; abort it instead")
         written_outputs = req.kv.kv_committed_len - len(req.origin_input_ids)
-        if not 0 <= trim <= min(written_outputs, req.kv.kv_committed_len - req.kv.cache_protected_len):
-            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its own output tokens "
-                                 f"(0..{min(written_outputs, req.kv.kv_committed_len - req.kv.cache_protected_len)})")
+        deepest = min(written_outputs, req.kv.kv_committed_len - req.kv.cache_protected_len)
+        if not 0 <= trim <= deepest:
+            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its own output tokens (0..{deepest})")
         req.finished_reason = self.s.FINISH_LENGTH(length=len(req.output_ids))
         if trim:  # a stop: the tokens after it are not kept
             req.finished_len = written_outputs - trim

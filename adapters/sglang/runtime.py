@@ -15,6 +15,7 @@ the forkserver can preload it (`PRELOAD`).
 
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import sys
 import types
@@ -84,6 +85,7 @@ def install_torchvision_stub_if_needed() -> bool:
 def import_sglang() -> types.SimpleNamespace:
     """SGLang's classes and functions the adapters drive (imports take about 5-15 s)."""
     install_torchvision_stub_if_needed()
+    logging.getLogger("sglang").setLevel(logging.CRITICAL)  # a failed allocation logs a page of state
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Only CUDA ... support AWQ/GGUF": true, and irrelevant here
         import torch
