@@ -1,0 +1,27 @@
+"""Request release bugs (LIFE-5): what a finished, aborted or retracted request gives back."""
+
+from kvspec.reference.engine import Engine
+from kvspec.spec.lifecycle import release_segments
+
+from .seeding import Mutant, Run, with_names
+
+
+def release_segments_up_to_owned(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,
+                                 kv_allocated_len: int, page_size: int):
+    # BUG: the release ends at `owned`; the pages allocated past it are never freed
+    return release_segments(cache_protected_len, swa_evicted_seqlen, owned, owned, page_size)
+
+
+class LeakOnReleaseEngine(Engine):
+    release = with_names(Engine.release, release_segments=release_segments_up_to_owned)
+
+
+class LEAK_ON_RELEASE(Mutant, slug="leak-on-release", engine=LeakOnReleaseEngine):
+    """A release frees what the request keeps, `[cache_protected_len, owned)`, and forgets
+    the over-allocation `[ceil_page(owned), kv_allocated_len)` (LIFE-5), which a finish
+    with a stop (`trim` tokens not kept) leaves: those pages are neither free nor held.
+    SGLang 0.5.23 frees them in `_release_overallocated_kv_indices`; the mutant drops
+    that step."""
+
+    clause, invariant_class = "I2", "leak"
+    exposed_by = Run(page_size=4, window=7, interval=1)

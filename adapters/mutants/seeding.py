@@ -1,0 +1,149 @@
+"""How a bug is seeded into the reference, and a seeded bug as an adapter (`Mutant`).
+
+A bug is seeded by a subclass of a reference class that overrides as little as
+possible. Where the bug lives in a helper that reference code calls (a spec function
+such as `eviction_frontier`), `with_names` copies the calling function with that one
+name bound to a buggy helper: the rest of the code stays the reference's own.
+"""
+
+from dataclasses import dataclass
+from types import FunctionType
+
+from kvspec.adapters.reference import (
+    ADAPTER,
+    ReferenceAllocatorAdapter,
+    ReferenceEngineAdapter,
+)
+from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
+from kvspec.reference.engine import Engine
+from kvspec.reference.hybrid import HybridAllocator
+from kvspec.spec.invariants import INVARIANTS
+
+# -- how a bug is seeded --------------------------------------------------------------------
+
+
+def with_names(function: FunctionType, **names) -> FunctionType:
+    """A copy of `function` that reads `names` instead of the module-level names of the
+    same spelling: a bug seeded in one helper it calls, the rest of its code unchanged."""
+    unused = sorted(set(names) - set(function.__code__.co_names))
+    # a name the reference stopped reading would leave the mutant equal to the reference
+    assert not unused, f"{function.__qualname__} does not read {unused}; seed the bug where it lives now"
+    copy = FunctionType(function.__code__, {**function.__globals__, **names}, function.__name__,
+                        function.__defaults__, function.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
+    return copy
+
+
+def engine_with_frontier(frontier) -> type[Engine]:
+    """The reference engine with every window eviction (at a decode step, at a prefill
+    checkpoint, before an extend without a prefix cache) decided by `frontier` in place
+    of kvspec.spec.window.eviction_frontier."""
+    evict = with_names(free_swa_out_of_window_slots, eviction_frontier=frontier)
+
+    class SeededSWAComponent(SWAComponent):
+        free_out_of_window_slots = with_names(SWAComponent.free_out_of_window_slots,
+                                              free_swa_out_of_window_slots=evict)
+
+    class SeededEngine(Engine):
+        decode = with_names(Engine.decode, free_swa_out_of_window_slots=evict)
+        prefill_chunk = with_names(Engine.prefill_chunk, free_swa_out_of_window_slots=evict)
+
+        def __init__(self, config, device="cpu"):
+            super().__init__(config, device)
+            if self.tree is not None:  # the tree builds its own components; it is still empty here
+                self.tree.swa = SeededSWAComponent(self.tree)
+                self.tree.components = (self.tree.full, self.tree.swa)
+
+    return SeededEngine
+
+
+def engine_with_allocator(allocator_class: type[HybridAllocator]) -> type[Engine]:
+    """The reference engine on a seeded hybrid allocator."""
+
+    class SeededEngine(Engine):
+        __init__ = with_names(Engine.__init__, HybridAllocator=allocator_class)
+
+    return SeededEngine
+
+
+# -- mutants as adapters ----------------------------------------------------------------------
+
+MUTANTS: dict[str, type["Mutant"]] = {}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One conformance run, as `kvspec check` makes it: the allocator machine at a page
+    size, or the engine machine at a page size, window and decode eviction interval."""
+
+    page_size: int
+    window: int | None = None
+    interval: int | None = None
+
+    @property
+    def tier(self) -> str:
+        return "allocator" if self.window is None else "engine"
+
+    @property
+    def label(self) -> str:
+        if self.tier == "allocator":
+            return f"allocator P={self.page_size}"
+        return f"engine P={self.page_size} W={self.window} I={self.interval}"
+
+
+class Mutant:
+    """A seeded bug as an adapter (kvspec.conformance.protocol). A subclass passes its
+    slug and the engine and/or allocator class that carries the bug, sets `clause`,
+    `invariant_class` and `exposed_by` (and `reverts` where the bug undoes a known SGLang
+    fix), and says in its docstring what the bug is."""
+
+    name: str
+    policy_version = ADAPTER.policy_version
+    capabilities = ADAPTER.capabilities
+    make_allocator = None
+    make_engine = None
+    clause: str
+    invariant_class: str
+    exposed_by: Run
+    reverts: str = ""
+    """The upstream SGLang change the bug undoes, where one is known (a bug class of
+    ../shared/design/sglang-0.5.23-semantics.md section 7, a flag, a commit)."""
+
+    def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
+                          allocator: type[HybridAllocator] | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        registered = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
+        assert engine or allocator, f"mutant {slug!r}: pass the engine or allocator class that carries the bug"
+        assert (cls.clause, cls.invariant_class) in registered, \
+            f"mutant {slug!r}: ({cls.clause!r}, {cls.invariant_class!r}) is no registered invariant and class"
+        assert cls.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
+        cls.name = f"mutant-{slug}"
+        if allocator is not None:
+            cls.make_allocator = allocator_adapter(allocator, cls.name)
+        if engine is not None:
+            cls.make_engine = engine_adapter(engine, cls.name)
+        MUTANTS[slug] = cls
+
+
+def allocator_adapter(allocator_class: type[HybridAllocator], name: str) -> type[ReferenceAllocatorAdapter]:
+    """The reference allocator adapter, building `allocator_class`."""
+
+    class SeededAllocatorAdapter(ReferenceAllocatorAdapter):
+        def __init__(self, size_full: int, size_swa: int, page_size: int, device: str = "cpu"):
+            self.allocator = allocator_class(size_full, size_swa, page_size, device=device)
+
+    SeededAllocatorAdapter.name = name
+    return SeededAllocatorAdapter
+
+
+def engine_adapter(engine_class: type[Engine], name: str) -> type[ReferenceEngineAdapter]:
+    """The reference engine adapter, building `engine_class`."""
+
+    class SeededEngineAdapter(ReferenceEngineAdapter):
+        def __init__(self, config, device: str = "cpu"):
+            self.engine = engine_class(config, device=device)
+
+    SeededEngineAdapter.name = name
+    return SeededEngineAdapter
+
+
