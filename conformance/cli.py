@@ -6,6 +6,7 @@
     kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
+    kvspec zoo     [--implementation all|reference|sglang] [--only TEXT] [--json F] [-n WORKERS]
 
 `check` runs the allocator-tier and engine-tier state machines (runs.py) in worker
 processes, shows each run as it ends, then a table per run and per invariant class, and
@@ -28,9 +29,10 @@ from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter
 from .replay import Replay, replay, unmet_requirements
 from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
-from .runs import Job, check_job, lost_check, machines, probe, skipped_runs
+from .runs import Job, isolated_check, lost_check, machines, probe, skipped_runs
 from .trace import TraceError, kvspec_version, load
 from .vectors import corpus_files, write_corpus
+from .zoo import add_command as add_zoo
 
 
 def check(args) -> int:
@@ -85,14 +87,6 @@ def check(args) -> int:
             write(report, path)
             print(f"wrote {path}")
     return report.exit_status
-
-
-def isolated_check(job: Job, journal: Journal):
-    """A worker's job: an AdapterError travels back to the parent as the result."""
-    try:
-        return check_job(job, journal)
-    except AdapterError as error:
-        return error
 
 
 def isolated_replay(task: tuple[str, str, bool], journal: Journal) -> Replay | AdapterError:
@@ -185,7 +179,8 @@ def main(argv=None) -> int:
     replay_parser.add_argument("--verbose", action="store_true", help="print each step as it is applied")
     replay_parser.set_defaults(func=replay_command)
 
-    for command in (check_parser, replay_parser):
+    zoo_parser = add_zoo(commands)
+    for command in (check_parser, replay_parser, zoo_parser):
         command.add_argument("-n", "--workers", type=int, default=1, metavar="WORKERS",
                              help=f"runs in parallel, each in its own process (this machine has {os.cpu_count()} CPUs)")
         command.add_argument("--step-timeout", type=float, default=60.0, metavar="SECONDS",

@@ -165,6 +165,14 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                      "", None, None, *tallies(machine))
 
 
+def isolated_check(job: Job, journal: Journal):
+    """A worker's job: an AdapterError travels back to the parent as the result."""
+    try:
+        return check_job(job, journal)
+    except AdapterError as error:
+        return error
+
+
 def lost_check(job: Job, lost: Lost) -> RunResult:
     """The result of a run whose worker crashed or hung: the steps up to that point."""
     tier = "allocator" if job.label.startswith("allocator") else "engine"

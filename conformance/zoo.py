@@ -1,0 +1,216 @@
+"""`kvspec zoo`: every seeded bug, run against the conformance suite, must be caught.
+
+A conformance suite is as good as the bugs it catches. The zoo runs each mutant (a
+reference mutant of kvspec.adapters.mutants, and, where SGLang is installed, each bug
+patched into real SGLang by kvspec.adapters.sglang.mutants) on the run that exposes it,
+at the `ci` profile, and checks that it is caught by a violation of the invariant class
+it breaks. A mutant that passes, crashes, hangs, or is caught by another class is a
+miss: the exit status is 1 and the table says which.
+
+The table: per mutant, the clauses that caught it, the length of the shrunk
+counterexample (a trace that `kvspec replay` reproduces), and the seconds to the first
+counterexample (before shrinking). `--json F` writes the same as a zoo/1 document
+(schemas/zoo.schema.json; each run in it is a run of report/1).
+"""
+
+import importlib.util
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+from referencing import Registry, Resource
+
+from kvspec.spec.invariants import INVARIANTS
+
+from .isolation import run_jobs
+from .profiles import PROFILES
+from .protocol import AdapterError, load_adapter
+from .report import SCHEMAS, RunResult, aligned, load_report_schema, run_json, utc_now
+from .runs import Job, isolated_check, lost_check
+from .trace import kvspec_version
+
+ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
+CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
+IMPLEMENTATIONS = ("reference", "sglang")
+SGLANG_INSTALL = "pip install --no-deps -r adapters/sglang/requirements.txt"
+
+
+@dataclass(frozen=True)
+class Specimen:
+    """One mutant of the zoo: which adapter carries the bug, and how it must be caught."""
+
+    implementation: str  # "reference" | "sglang"
+    adapter: str  # the adapter spec a worker loads, e.g. "mutant-stale-mapping"
+    slug: str
+    run: str  # the label of the run that exposes it, e.g. "engine P=4 W=6 I=4"
+    clause: str
+    invariant_class: str
+    reverts: str
+
+
+def specimens(mutants: dict, implementation: str, prefix: str) -> list[Specimen]:
+    return [Specimen(implementation, f"{prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
+                     mutant.invariant_class, mutant.reverts) for slug, mutant in sorted(mutants.items())]
+
+
+def sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def collect(implementations: tuple[str, ...], only: list[str] | None) -> list[Specimen]:
+    """The zoo's specimens for the chosen implementations, those named by `only` if given."""
+    from kvspec.adapters.mutants import MUTANTS
+
+    chosen = specimens(MUTANTS, "reference", "mutant-") if "reference" in implementations else []
+    if "sglang" in implementations:
+        if not sglang_installed():
+            raise AdapterError(f"the SGLang mutants need SGLang 0.5.23: {SGLANG_INSTALL} "
+                               f"(or --implementation reference)")
+        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
+
+        chosen += specimens(SGLANG_MUTANTS, "sglang", "sglang-mutant-")
+    if only:
+        unknown = [text for text in only if not any(text in specimen.adapter for specimen in chosen)]
+        if unknown:
+            raise AdapterError(f"no mutant matches --only {', '.join(unknown)}; the mutants are: "
+                               + ", ".join(specimen.adapter for specimen in chosen))
+        chosen = [specimen for specimen in chosen if any(text in specimen.adapter for text in only)]
+    return chosen
+
+
+# -- judging ---------------------------------------------------------------------------------
+
+def detected_classes(result: RunResult) -> list[str]:
+    return sorted({CLASS_OF_CLAUSE[clause] for clause in result.clauses if clause in CLASS_OF_CLAUSE})
+
+
+def caught(specimen: Specimen, result: RunResult) -> bool:
+    """Caught as claimed: a violation (not a crash or a hang) of the mutant's class."""
+    return result.verdict == "violated" and specimen.invariant_class in detected_classes(result)
+
+
+def verdict(specimen: Specimen, result: RunResult) -> str:
+    if caught(specimen, result):
+        return "caught"
+    if result.verdict == "ok":
+        return "MISSED (the run passed)"
+    if result.verdict == "violated":
+        return f"WRONG CLASS ({', '.join(detected_classes(result))}, expected {specimen.invariant_class})"
+    return f"MISSED ({result.verdict})"
+
+
+# -- running -----------------------------------------------------------------------------------
+
+def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str, workers: int,
+            step_timeout: float, progress=print) -> dict[Specimen, RunResult]:
+    """Each specimen on its exposing run, in worker processes; results as they end."""
+    preload = tuple(dict.fromkeys(module for adapter in {specimen.adapter for specimen in chosen}
+                                  for module in load_adapter(adapter).preload))
+    jobs = {Job(specimen.adapter, specimen.run, profile, seed, traces): specimen for specimen in chosen}
+    results = {}
+
+    def done(job: Job, result):
+        if isinstance(result, BaseException):
+            raise result
+        specimen = jobs[job]
+        results[specimen] = result
+        timing = "" if result.first_failure_seconds is None else \
+            f", first counterexample after {result.first_failure_seconds:.1f} s"
+        progress(f"[{len(results)}/{len(jobs)}] {specimen.adapter} ({specimen.run}): "
+                 f"{verdict(specimen, result)}{timing}", flush=True)
+
+    run_jobs(list(jobs), isolated_check, lost_check, workers, step_timeout, done, preload=preload)
+    return {specimen: results[specimen] for specimen in chosen}
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+def table(results: dict[Specimen, RunResult]) -> str:
+    rows = [["mutant", "run", "expected", "detected by", "shrunk steps", "s to detect", "result"]]
+    for specimen, result in results.items():
+        rows.append([specimen.adapter, specimen.run, f"{specimen.clause} ({specimen.invariant_class})",
+                     ", ".join(result.clauses) or result.verdict,
+                     "-" if result.trace_steps is None else str(result.trace_steps),
+                     "-" if result.first_failure_seconds is None else f"{result.first_failure_seconds:.1f}",
+                     verdict(specimen, result)])
+    detected = sum(caught(specimen, result) for specimen, result in results.items())
+    rows.append([f"total ({len(results)} mutants)", "", "", "", "", "", f"{detected} of {len(results)} caught"])
+    return aligned(rows, right_aligned={4, 5})
+
+
+def to_json(results: dict[Specimen, RunResult], profile: str, seed: int | None, started: str, seconds: float) -> dict:
+    return {
+        "schema": ZOO_SCHEMA_ID,
+        "kvspec_version": kvspec_version(),
+        "profile": profile,
+        "seed": seed,
+        "started": started,
+        "seconds": round(seconds, 3),
+        "caught": sum(caught(specimen, result) for specimen, result in results.items()),
+        "mutants": [{
+            "adapter": specimen.adapter,
+            "implementation": specimen.implementation,
+            "slug": specimen.slug,
+            "clause": specimen.clause,
+            "invariant_class": specimen.invariant_class,
+            "reverts": specimen.reverts,
+            "caught": caught(specimen, result),
+            "detected_classes": detected_classes(result),
+            "run": run_json(result),
+        } for specimen, result in results.items()],
+    }
+
+
+def validate_json(document: dict) -> None:
+    """Raise jsonschema.ValidationError unless `document` is a zoo/1 document (its runs
+    are report/1 runs)."""
+    schema = json.loads((SCHEMAS / "zoo.schema.json").read_text(encoding="utf-8"))
+    report = load_report_schema()
+    registry = Registry().with_resource(report["$id"], Resource.from_contents(report))
+    jsonschema.Draft202012Validator(schema, registry=registry).validate(document)
+
+
+def write_json(document: dict, path: str | Path) -> None:
+    validate_json(document)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def zoo_command(args) -> int:
+    implementations = IMPLEMENTATIONS if args.implementation == "all" else (args.implementation,)
+    if args.implementation == "all" and not sglang_installed():
+        implementations = ("reference",)
+        print(f"kvspec zoo: SGLang is not installed, so only the reference mutants run ({SGLANG_INSTALL})")
+    chosen = collect(implementations, args.only)
+    print(f"kvspec zoo: {len(chosen)} mutants, profile {args.profile}, seed {args.seed}, "
+          f"{args.workers} worker(s)", flush=True)
+    started, stamp = time.perf_counter(), utc_now()
+    results = run_zoo(chosen, args.profile, args.seed, args.traces, args.workers, args.step_timeout)
+    print()
+    print(table(results))
+    if args.json:
+        write_json(to_json(results, args.profile, args.seed, stamp, time.perf_counter() - started), args.json)
+        print(f"wrote {args.json}")
+    return 0 if all(caught(specimen, result) for specimen, result in results.items()) else 1
+
+
+def add_command(subparsers):
+    """Register `zoo` on the CLI's subparsers; `args.func(args)` runs it."""
+    parser = subparsers.add_parser("zoo", help="run every seeded bug; each must be caught by its invariant class",
+                                   description=__doc__.split("\n\n")[0])
+    parser.add_argument("--implementation", choices=("all", *IMPLEMENTATIONS), default="all",
+                        help="whose mutants: the reference's, those patched into real SGLang, or all "
+                             "(default; SGLang's only where it is installed)")
+    parser.add_argument("--only", action="append", metavar="TEXT",
+                        help="only the mutants whose adapter name contains TEXT (repeatable)")
+    parser.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="how hard to search (default: ci)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="Hypothesis' seed (default 0, so that CI's verdict is reproducible)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON (schemas/zoo.schema.json)")
+    parser.add_argument("--traces", metavar="DIR", default="kvspec-traces/zoo",
+                        help="where the shrunk counterexamples are saved (default: kvspec-traces/zoo)")
+    parser.set_defaults(func=zoo_command)
+    return parser
