@@ -20,7 +20,8 @@ data, an allocation either its slots or kvspec.spec.outcomes.OutOfMemory, and ra
 kvspec.spec.outcomes errors on misuse.
 
 `load_adapter(spec)` takes `reference` (and other built-in names: `mutant-<name>` for
-each seeded bug of kvspec.adapters.mutants), a name registered by a package under the
+each seeded bug of kvspec.adapters.mutants, `sglang-mutant-<name>` for each bug patched
+into real SGLang by kvspec.adapters.sglang.mutants), a name registered by a package under the
 entry-point group `kvspec.adapters`, or `module:attribute`, and
 validates what it finds, with errors that say what is missing and how to fix it.
 """
@@ -83,6 +84,16 @@ def resolve(spec: str) -> Any:
             raise AdapterError(f"unknown mutant {spec!r}; the seeded bugs are "
                                + ", ".join(f"mutant-{name}" for name in MUTANTS))
         return MUTANTS[spec.removeprefix("mutant-")]
+    if spec.startswith("sglang-mutant-"):
+        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
+        from kvspec.adapters.sglang.mutants import NOT_PATCHED
+
+        slug = spec.removeprefix("sglang-mutant-")
+        if slug not in SGLANG_MUTANTS:
+            why = f" ({slug} has no SGLang patch: {NOT_PATCHED[slug]})" if slug in NOT_PATCHED else ""
+            raise AdapterError(f"unknown SGLang mutant {spec!r}{why}; the bugs patched into SGLang are "
+                               + ", ".join(f"sglang-mutant-{name}" for name in SGLANG_MUTANTS))
+        return SGLANG_MUTANTS[slug]
     target = BUILT_IN.get(spec)
     if target is None:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
@@ -90,8 +101,13 @@ def resolve(spec: str) -> Any:
             return found[0].load()
         target = spec
     if ":" not in target:
+        from kvspec.adapters.mutants import MUTANTS
+        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
+
         known = sorted(set(BUILT_IN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-        raise AdapterError(f"unknown adapter {spec!r}; use one of {', '.join(known)}, "
+        raise AdapterError(f"unknown adapter {spec!r}; use one of {', '.join(known)}, a seeded bug "
+                           f"({', '.join(f'mutant-{name}' for name in MUTANTS)}), a bug patched into SGLang "
+                           f"({', '.join(f'sglang-mutant-{name}' for name in SGLANG_MUTANTS)}), "
                            f"or module:attribute for your own")
     module_name, _, attribute = target.partition(":")
     if os.getcwd() not in sys.path:

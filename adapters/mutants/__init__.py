@@ -13,10 +13,10 @@ attribute of this package, for `--adapter kvspec.adapters.mutants:NAME`.
 
 The bugs are grouped by where they live: seeding.py says how a bug is seeded; window.py
 (window eviction), release.py (the request lifecycle), allocator.py (the two pools and
-the mapping), one module each.
+the mapping), tree.py (the prefix tree), one module each.
 """
 
-from . import allocator, release, window  # noqa: F401 - importing a module registers its mutants
+from . import allocator, release, tree, window  # noqa: F401 - importing a module registers its mutants
 from .seeding import MUTANTS, Mutant, Run
 
 __all__ = ["MUTANTS", "Mutant", "Run"]

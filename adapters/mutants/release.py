@@ -25,3 +25,20 @@ class LEAK_ON_RELEASE(Mutant, slug="leak-on-release", engine=LeakOnReleaseEngine
 
     clause, invariant_class = "I2", "leak"
     exposed_by = Run(page_size=4, window=7, interval=1)
+
+
+def release_segments_live_from_protected(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,
+                                         kv_allocated_len: int, page_size: int):
+    # BUG: SWA taken as live from cache_protected_len: the cursor's dead range is freed as full + SWA
+    return release_segments(cache_protected_len, cache_protected_len, owned, kv_allocated_len, page_size)
+
+
+class DeadRangeAsFullEngine(Engine):
+    release = with_names(Engine.release, release_segments=release_segments_live_from_protected)
+
+
+class RELEASE_DEAD_RANGE_AS_FULL(Mutant, slug="release-dead-range-as-full", engine=DeadRangeAsFullEngine):
+    """A release frees the request's SWA-dead range."""
+
+    clause, invariant_class = "I1", "leak"
+    exposed_by = Run(page_size=4, window=7, interval=1)

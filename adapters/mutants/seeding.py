@@ -44,14 +44,21 @@ def engine_with_frontier(frontier) -> type[Engine]:
         free_out_of_window_slots = with_names(SWAComponent.free_out_of_window_slots,
                                               free_swa_out_of_window_slots=evict)
 
-    class SeededEngine(Engine):
+    class SeededEngine(engine_with_swa_component(SeededSWAComponent)):
         decode = with_names(Engine.decode, free_swa_out_of_window_slots=evict)
         prefill_chunk = with_names(Engine.prefill_chunk, free_swa_out_of_window_slots=evict)
 
+    return SeededEngine
+
+
+def engine_with_swa_component(component_class: type[SWAComponent]) -> type[Engine]:
+    """The reference engine whose prefix tree keeps its SWA KV with a seeded component."""
+
+    class SeededEngine(Engine):
         def __init__(self, config, device="cpu"):
             super().__init__(config, device)
             if self.tree is not None:  # the tree builds its own components; it is still empty here
-                self.tree.swa = SeededSWAComponent(self.tree)
+                self.tree.swa = component_class(self.tree)
                 self.tree.components = (self.tree.full, self.tree.swa)
 
     return SeededEngine

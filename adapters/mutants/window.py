@@ -1,12 +1,12 @@
-"""Window eviction bugs (WIN-2, WIN-3): the frontier below which a request's SWA KV is
-freed, computed wrong."""
+"""Window eviction bugs (WIN-2 .. WIN-6): the frontier below which a request's SWA KV is
+freed computed wrong, an eviction that never runs, and a cursor not set."""
 
-from kvspec.reference.components import free_swa_out_of_window_slots
+from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.spec.pages import ceil_page
-from kvspec.spec.window import eviction_frontier
+from kvspec.spec.window import decode_eviction_due, eviction_frontier, retention
 
-from .seeding import Mutant, Run, engine_with_frontier, with_names
+from .seeding import Mutant, Run, engine_with_frontier, engine_with_swa_component, with_names
 
 frontier_rounded_up = with_names(eviction_frontier, floor_page=ceil_page)  # BUG: floor_page
 
@@ -25,6 +25,8 @@ class FRONTIER_INTO_WINDOW(Mutant, slug="frontier-into-window", engine=engine_wi
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=4, window=7, interval=1)
+    reverts = ("bug class 9 of the SGLang digest (section 7): the cursor floored to a page, "
+               "`if P > 1: new = floorP(new)` in free_swa_out_of_window_slots (mem_cache/common.py:75-138)")
 
 
 def frontier_one_token_late(pre_len: int, *args, **kwargs):
@@ -45,6 +47,8 @@ class DECODE_FRONTIER_ONE_TOKEN_LATE(Mutant, slug="decode-frontier-one-token-lat
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=1, window=3, interval=4)
+    reverts = ("bug class 9 of the SGLang digest (section 7): the decode eviction's pre_len = seqlen - 1 "
+               "(_evict_swa(req, seqlen - 1), managers/schedule_batch.py:4047-4129)")
 
 
 def window_only_retention(version: str, window: int, page_size: int) -> int:
@@ -64,6 +68,8 @@ class MISSING_PAGE_MARGIN(Mutant, slug="missing-page-margin", engine=engine_with
 
     clause, invariant_class = "I10", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("bug class 2 of the SGLang digest (section 7): SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, "
+               "whose threshold pre_len - W 0.5.23 replaced by pre_len - ceil_align(max(W, P), P)")
 
 
 def unfloored(position: int, page_size: int) -> int:
@@ -93,3 +99,92 @@ class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=UnalignedDecodeEv
 
     clause, invariant_class = "I6", "alignment"
     exposed_by = Run(page_size=2, window=5, interval=1)
+    reverts = ("bug class 5 of the SGLang digest (section 7): the cursor floored to a page "
+               "(mem_cache/common.py:127-128), asserted page aligned since (swa.py:437-439, common.py:183-186)")
+
+
+def unrounded(position: int, page_size: int) -> int:
+    return position  # BUG: ceil_page(position, page_size)
+
+
+frontier_max_window_page = with_names(eviction_frontier, retention=with_names(retention, ceil_page=unrounded))
+
+
+class FRONTIER_MAX_WINDOW_PAGE(Mutant, slug="frontier-max-window-page",
+                               engine=engine_with_frontier(frontier_max_window_page)):
+    """Window eviction retains `max(W, P)` tokens below `pre_len` instead of
+    `ceil_page(max(W, P))` (WIN-2): the threshold `pre_len - max(W, P)` of the public-fork
+    snapshots between the design doc and 0.5.23 ("subtracting at least one page keeps it
+    below the insert boundary"). It never leaves an all-tombstone leaf, but when `W > P`
+    and `W % P != 0` the floored cursor can leave the leaf a checkpoint inserts fewer
+    than `W` live SWA tokens (P = 4, W = 6, key of 15 tokens: E = 12, e = 8): I10.
+
+    When `W >= P` this is MISSING_PAGE_MARGIN's threshold `pre_len - W` exactly; the two
+    differ only when `P > W`, where this one retains `P = ceil_page(max(W, P))` and is
+    the reference (engine P=16 W=5), and MISSING_PAGE_MARGIN still retains `W`. When
+    `W % P == 0` it is the reference too."""
+
+    clause, invariant_class = "I10", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("bug class 2 of the SGLang digest (section 7): the intermediate threshold pre_len - max(W, P) "
+               "(section 4.1), closed by 0.5.23's pre_len - ceil_align(max(W, P), P)")
+
+
+class NoChunkReleaseSWAComponent(SWAComponent):
+    def free_out_of_window_slots(self, request, pre_len: int, eviction_interval: int) -> None:
+        pass  # BUG: the hook left the base component's no-op (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS=0)
+
+
+class NO_CHUNK_RELEASE(Mutant, slug="no-chunk-release", engine=engine_with_swa_component(NoChunkReleaseSWAComponent)):
+    """A prefill checkpoint releases no SWA KV that slid out of the window before its
+    insert (WIN-3, LIFE-4): the cursor stays where it was, so each chunk is inserted with
+    live SWA on all of it, and a long prompt holds O(prompt) SWA slots instead of O(W)
+    per chunk. Decode steps still evict. A chunk that ends at least `W + P` tokens past
+    the cursor inserts more than `eviction_span_bound` live SWA tokens: I9."""
+
+    clause, invariant_class = "I9", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("bug class 1 of the SGLang digest (section 7): SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, "
+               "the out-of-window release inside checkpoint (unified_radix_cache.py:1211-1221)")
+
+
+def eviction_due_from_allocated_len(seq_len: int, cursor: int, window: int, interval: int) -> bool:
+    # BUG: measured from kv_allocated_len (seq_len - 1 before the step), not from the SWA cursor
+    return decode_eviction_due(seq_len, seq_len - 1, window, interval)
+
+
+class NeverEvictingDecodeEngine(Engine):
+    decode = with_names(Engine.decode, decode_eviction_due=eviction_due_from_allocated_len)
+
+
+class DECODE_EVICTION_NEVER(Mutant, slug="decode-eviction-never", engine=NeverEvictingDecodeEngine):
+    """The decode trigger (WIN-4) compares the window's start `seq_len - 1 - W` with the
+    request's allocated length instead of its SWA cursor, which it never reaches: decode
+    window eviction never fires, and a decoding request's private SWA grows by one token
+    per step. Once it holds more than `decode_window_bound` slots (from its third decode
+    step on): I9. Prefill checkpoints still evict."""
+
+    clause, invariant_class = "I9", "window-bound"
+    exposed_by = Run(page_size=4, window=8, interval=1)
+
+
+class PdCursorUnsetEngine(Engine):
+    def pd_admit(self, rid, prompt, first_output):
+        outcome = super().pd_admit(rid, prompt, first_output)
+        if outcome is None:
+            self.requests[rid].swa_evicted_seqlen = 0  # BUG: `= fill - tail` left out; the cursor keeps its 0
+        return outcome
+
+
+class PD_CURSOR_UNSET(Mutant, slug="pd-cursor-unset", engine=PdCursorUnsetEngine):
+    """A PD-decode pre-allocation (LIFE-6) allocates SWA KV for the tail only but does not
+    set the cursor to the tail's start, `fill - tail` (WIN-6): the head, whose full slots
+    map to 0, looks SWA-live. As soon as the head is not empty (a prompt of more than
+    `max(W, P) + P` tokens beyond the matched prefix), positions the request holds as
+    live SWA map to no SWA slot: I5. (A later window eviction or release would free SWA
+    peers the head never had; the reference refuses that with InvalidFree.)"""
+
+    clause, invariant_class = "I5", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("bug class 3 of the SGLang digest (section 7): req.kv.set_evicted_seqlen(SWA, fill - tail) after "
+               "alloc_extend_swa_tail (disaggregation/decode.py:2435-2511)")
