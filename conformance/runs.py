@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.spec.snapshot import EngineConfig
@@ -102,6 +103,8 @@ class Job:
     """The adapter every step is also applied to (differential mode), or None."""
     shrink: bool = True
     """False keeps the first counterexample as found: sooner, but longer."""
+    shrink_seconds: float | None = None
+    """Stop shrinking after this long (None: Hypothesis' own limit, 300 s)."""
 
 
 def slug(text: str) -> str:
@@ -140,10 +143,14 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     tier = machine.tier
     machine.reset_counters()
     started = time.perf_counter()
+    own_limit = hypothesis_engine.MAX_SHRINKING_SECONDS
     try:
         chosen = profile(job.profile)
         if not job.shrink:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
+        if job.shrink_seconds is not None:
+            # Hypothesis has no public setting for it; its engine reads this module global
+            hypothesis_engine.MAX_SHRINKING_SECONDS = job.shrink_seconds
         run_state_machine_as_test(machine, settings=chosen)
     except AdapterError:
         raise
@@ -161,6 +168,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
                          (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
                          first_failure_seconds=machine.first_failure_seconds)
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
     return RunResult(job.label, tier, "ok", machine.examples, machine.steps, time.perf_counter() - started, [],
                      "", None, None, *tallies(machine))
 

@@ -32,6 +32,8 @@ from .runs import Job, isolated_check, lost_check
 from .trace import kvspec_version
 
 ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
+CRASH = "crash"
+"""The detection of a mutant no invariant can see first (kvspec.adapters.mutants.seeding.CRASH)."""
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
 IMPLEMENTATIONS = ("reference", "sglang")
 SGLANG_INSTALL = "pip install --no-deps -r adapters/sglang/requirements.txt"
@@ -46,13 +48,15 @@ class Specimen:
     slug: str
     run: str  # the label of the run that exposes it, e.g. "engine P=4 W=6 I=4"
     clause: str
-    invariant_class: str
+    invariant_class: str  # an invariant class, or "crash" (kvspec.adapters.mutants.seeding.CRASH)
     reverts: str
+    crash_message: str = ""
 
 
 def specimens(mutants: dict, implementation: str, prefix: str) -> list[Specimen]:
     return [Specimen(implementation, f"{prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
-                     mutant.invariant_class, mutant.reverts) for slug, mutant in sorted(mutants.items())]
+                     mutant.invariant_class, mutant.reverts, mutant.crash_message)
+            for slug, mutant in sorted(mutants.items())]
 
 
 def sglang_installed() -> bool:
@@ -87,7 +91,10 @@ def detected_classes(result: RunResult) -> list[str]:
 
 
 def caught(specimen: Specimen, result: RunResult) -> bool:
-    """Caught as claimed: a violation (not a crash or a hang) of the mutant's class."""
+    """Caught as claimed: a violation of the mutant's class; or, for a mutant that declares
+    that no invariant can see it first, a crash showing its message."""
+    if specimen.invariant_class == CRASH:
+        return result.verdict == "crashed" and specimen.crash_message in result.message
     return result.verdict == "violated" and specimen.invariant_class in detected_classes(result)
 
 
@@ -97,18 +104,22 @@ def verdict(specimen: Specimen, result: RunResult) -> str:
     if result.verdict == "ok":
         return "MISSED (the run passed)"
     if result.verdict == "violated":
-        return f"WRONG CLASS ({', '.join(detected_classes(result))}, expected {specimen.invariant_class})"
+        found = ", ".join(detected_classes(result)) or ", ".join(result.clauses)
+        return f"WRONG CLASS ({found}, expected {specimen.invariant_class})"
+    if result.verdict == "crashed" and specimen.invariant_class == CRASH:
+        return f"WRONG CRASH (without {specimen.crash_message!r})"
     return f"MISSED ({result.verdict})"
 
 
 # -- running -----------------------------------------------------------------------------------
 
 def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str, workers: int,
-            step_timeout: float, progress=print) -> dict[Specimen, RunResult]:
+            step_timeout: float, shrink_seconds: float | None = None, progress=print) -> dict[Specimen, RunResult]:
     """Each specimen on its exposing run, in worker processes; results as they end."""
     preload = tuple(dict.fromkeys(module for adapter in {specimen.adapter for specimen in chosen}
                                   for module in load_adapter(adapter).preload))
-    jobs = {Job(specimen.adapter, specimen.run, profile, seed, traces): specimen for specimen in chosen}
+    jobs = {Job(specimen.adapter, specimen.run, profile, seed, traces, shrink_seconds=shrink_seconds): specimen
+            for specimen in chosen}
     results = {}
 
     def done(job: Job, result):
@@ -130,7 +141,9 @@ def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str,
 def table(results: dict[Specimen, RunResult]) -> str:
     rows = [["mutant", "run", "expected", "detected by", "shrunk steps", "s to detect", "result"]]
     for specimen, result in results.items():
-        rows.append([specimen.adapter, specimen.run, f"{specimen.clause} ({specimen.invariant_class})",
+        expected = f"{specimen.clause} ({specimen.invariant_class}" + \
+            (f": {specimen.crash_message})" if specimen.invariant_class == CRASH else ")")
+        rows.append([specimen.adapter, specimen.run, expected,
                      ", ".join(result.clauses) or result.verdict,
                      "-" if result.trace_steps is None else str(result.trace_steps),
                      "-" if result.first_failure_seconds is None else f"{result.first_failure_seconds:.1f}",
@@ -156,6 +169,7 @@ def to_json(results: dict[Specimen, RunResult], profile: str, seed: int | None, 
             "clause": specimen.clause,
             "invariant_class": specimen.invariant_class,
             "reverts": specimen.reverts,
+            "crash_message": specimen.crash_message,
             "caught": caught(specimen, result),
             "detected_classes": detected_classes(result),
             "run": run_json(result),
@@ -188,7 +202,8 @@ def zoo_command(args) -> int:
     print(f"kvspec zoo: {len(chosen)} mutants, profile {args.profile}, seed {args.seed}, "
           f"{args.workers} worker(s)", flush=True)
     started, stamp = time.perf_counter(), utc_now()
-    results = run_zoo(chosen, args.profile, args.seed, args.traces, args.workers, args.step_timeout)
+    results = run_zoo(chosen, args.profile, args.seed, args.traces, args.workers, args.step_timeout,
+                      args.shrink_seconds)
     print()
     print(table(results))
     if args.json:
@@ -209,6 +224,9 @@ def add_command(subparsers):
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="how hard to search (default: ci)")
     parser.add_argument("--seed", type=int, default=0,
                         help="Hypothesis' seed (default 0, so that CI's verdict is reproducible)")
+    parser.add_argument("--shrink-seconds", type=float, default=60, metavar="SECONDS",
+                        help="stop shrinking a counterexample after this long (default 60; Hypothesis' own "
+                             "limit is 300, and some of these take that long)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (schemas/zoo.schema.json)")
     parser.add_argument("--traces", metavar="DIR", default="kvspec-traces/zoo",
                         help="where the shrunk counterexamples are saved (default: kvspec-traces/zoo)")

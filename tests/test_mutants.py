@@ -6,8 +6,10 @@ same runs. A check that no seeded bug makes fail would be a check that tests not
 import pytest
 from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from kvspec.adapters import mutants
 from kvspec.adapters.mutants import MUTANTS, Run
+from kvspec.adapters.mutants.seeding import CRASH
 from kvspec.adapters.reference import ADAPTER
 from kvspec.conformance.allocator_machine import allocator_machine
 from kvspec.conformance.engine_machine import engine_machine
@@ -16,10 +18,14 @@ from kvspec.conformance.protocol import load_adapter
 from kvspec.spec.window import Policy
 
 # The ci profile at a fixed seed, without shrinking: shrinking one counterexample takes
-# minutes, and the assertion is on the clause, not on a minimal reproduction. At this
-# seed every mutant is caught within its first 11 examples.
+# minutes, and the assertion is on the clause, not on a minimal reproduction. The ci
+# profile's own 300 examples, as `kvspec check --profile ci` runs: match-short-window is
+# seen only when a new request matches a cached prefix through an SWA tombstone, which
+# the engine machine draws rarely (at this seed, in example 218; the other mutants within
+# their first 100). A mutant is caught at its first failure, so the budget costs only the
+# mutants that need it.
 SEED = 0
-SETTINGS = settings(profile("ci"), max_examples=60, database=None, phases=[Phase.explicit, Phase.generate])
+SETTINGS = settings(profile("ci"), database=None, phases=[Phase.explicit, Phase.generate])
 CONTROL_EXAMPLES = 12
 
 
@@ -38,13 +44,22 @@ def failure_text(error: BaseException) -> str:
     return "\n".join(map(failure_text, members)) if members else f"{type(error).__name__}: {error}"
 
 
+def failure_clauses(error: BaseException) -> set[str]:
+    """The clauses a failure names (StepFailure.clauses), of every member of a group."""
+    members = getattr(error, "exceptions", None)
+    return set().union(*map(failure_clauses, members)) if members else set(getattr(error, "clauses", ()))
+
+
 @pytest.mark.parametrize("slug", sorted(MUTANTS))
 def test_mutant_is_caught_for_its_clause(slug):
     mutant = MUTANTS[slug]
     with pytest.raises(Exception) as info:
         run_state_machine_as_test(machine_for(mutant, mutant.exposed_by), settings=SETTINGS)
     text = failure_text(info.value)
-    assert f"[{mutant.clause}]" in text, f"{mutant.name} was caught, but not for {mutant.clause}:\n{text}"
+    if mutant.invariant_class == CRASH:  # no invariant can see it first: the step fails inside
+        assert "ImplementationCrash" in text and mutant.crash_message in text, f"{mutant.name} did not crash:\n{text}"
+    else:
+        assert mutant.clause in failure_clauses(info.value), f"{mutant.name} was caught, but not for {mutant.clause}:\n{text}"
 
 
 @pytest.mark.parametrize("run", sorted({mutant.exposed_by for mutant in MUTANTS.values()}, key=lambda run: run.label),

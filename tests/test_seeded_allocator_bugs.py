@@ -159,7 +159,7 @@ def test_capacity_check_on_the_full_pool_only_is_caught(page_size):
     # "[ALLOC-2] OutOfMemory although both pools had room" cannot fire; what shows is the
     # SWA side failing after the full side consumed its pages.
     text = machine_failure(FullOnlyCapacityCheck, page_size)
-    assert "[ALLOC-4] a failed allocation changed the allocator" in text or "[ALLOC-2]" in text, text
+    assert "[ALLOC-4, I15] a failed allocation changed the allocator" in text or "[ALLOC-2]" in text, text
 
 
 class FullPageCountToSwaTail(HybridAllocator):

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from kvspec.adapters.mutants import MUTANTS, Run
+from kvspec.conformance.report import RunResult
 from kvspec.conformance.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
 
 
@@ -53,3 +54,14 @@ def test_an_unknown_mutant_is_a_usage_error_naming_the_mutants():
     result = kvspec("zoo", "--implementation", "reference", "--only", "no-such-bug")
     assert result.returncode == 2
     assert "no mutant matches --only no-such-bug" in result.stderr and "mutant-stale-mapping" in result.stderr
+
+
+def test_a_crash_mutant_is_caught_only_by_a_crash_showing_its_message():
+    crash = Specimen("reference", "mutant-x", "x", "allocator P=4", "ALLOC-2", "crash", "", "OutOfMemory")
+
+    def result(verdict: str, message: str, clauses=()) -> RunResult:
+        return RunResult("allocator P=4", "allocator", verdict, 1, 1, 0.1, list(clauses), message)
+
+    assert caught(crash, result("crashed", "TypeError: 'OutOfMemory' object is not subscriptable"))
+    assert verdict(crash, result("crashed", "KeyError: 3")) == "WRONG CRASH (without 'OutOfMemory')"
+    assert verdict(crash, result("violated", "[I2] a leak", ["I2"])) == "WRONG CLASS (leak, expected crash)"

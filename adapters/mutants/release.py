@@ -3,7 +3,7 @@
 from kvspec.reference.engine import Engine
 from kvspec.spec.lifecycle import release_segments
 
-from .seeding import Mutant, Run, with_names
+from .seeding import CRASH, Mutant, Run, with_names
 
 
 def release_segments_up_to_owned(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,
@@ -25,6 +25,8 @@ class LEAK_ON_RELEASE(Mutant, slug="leak-on-release", engine=LeakOnReleaseEngine
 
     clause, invariant_class = "I2", "leak"
     exposed_by = Run(page_size=4, window=7, interval=1)
+    reverts = ("SGLang 0.5.23's release of the over-allocation, _release_overallocated_kv_indices "
+               "(mem_cache/common.py:447-476; section 3.6 step 4 of the SGLang digest)")
 
 
 def release_segments_live_from_protected(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,
@@ -38,7 +40,17 @@ class DeadRangeAsFullEngine(Engine):
 
 
 class RELEASE_DEAD_RANGE_AS_FULL(Mutant, slug="release-dead-range-as-full", engine=DeadRangeAsFullEngine):
-    """A release frees the request's SWA-dead range."""
+    """A release frees the SWA-dead range [cache_protected_len, cursor) with free_segment
+    (full + SWA) instead of free_full_segment (LIFE-5). Its SWA peers are already released
+    (mapping 0), so the allocator's strict SWA free refuses the call (ALLOC-6): the step
+    crashes with InvalidFree ("free_segment: full slots [...] have no live SWA peer")
+    before any invariant is checked, hence CRASH. SGLang 0.5.23's free_swa_segment fails
+    its _SWA_PEER_MAPPED expect the same way, and with its checks off frees the padding
+    page 0 (bug class 4, I1: see the SGLang twin of this mutant). A lenient set-shaped free
+    at page size > 1 would skip the unmapped peers: equivalent to the reference."""
 
-    clause, invariant_class = "I1", "leak"
+    clause, invariant_class = "ALLOC-6", CRASH
+    crash_message = "InvalidFree"
     exposed_by = Run(page_size=4, window=7, interval=1)
+    reverts = ("section 3.6 of the SGLang digest: free_kv_row frees [cache_protected_len, cursor) full-only "
+               "(free_full_segment) and only [cursor, owned) full + SWA")

@@ -6,6 +6,7 @@ such as `eviction_frontier`), `with_names` copies the calling function with that
 name bound to a buggy helper: the rest of the code stays the reference's own.
 """
 
+import re
 from dataclasses import dataclass
 from types import FunctionType
 
@@ -17,6 +18,7 @@ from kvspec.adapters.reference import (
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
+from kvspec.spec.clauses import CLAUSE_ID
 from kvspec.spec.invariants import INVARIANTS
 
 # -- how a bug is seeded --------------------------------------------------------------------
@@ -98,6 +100,27 @@ class Run:
         return f"engine P={self.page_size} W={self.window} I={self.interval}"
 
 
+CRASH = "crash"
+"""The detection a mutant declares when no invariant can see its bug first: the step fails
+inside the implementation (a refusal the spec requires of the allocator, ALLOC-6, or an
+allocation the bug let through and the pool cannot serve), which the harness reports as
+a crash with a shrunk, replayable trace. `clause` then names the clause whose refusal
+fires, and `crash_message` the text the crash must show."""
+
+
+def check_declaration(mutant: type, slug: str) -> None:
+    """A mutant names a registered (clause, invariant class), or CRASH with the text its
+    crash shows, and says in a docstring what the bug is."""
+    registered = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
+    if mutant.invariant_class == CRASH:
+        assert re.fullmatch(CLAUSE_ID, mutant.clause) and mutant.crash_message, \
+            f"mutant {slug!r}: a crash names the clause whose refusal fires and its crash_message"
+    else:
+        assert (mutant.clause, mutant.invariant_class) in registered, \
+            f"mutant {slug!r}: ({mutant.clause!r}, {mutant.invariant_class!r}) is no registered invariant and class"
+    assert mutant.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
+
+
 class Mutant:
     """A seeded bug as an adapter (kvspec.conformance.protocol). A subclass passes its
     slug and the engine and/or allocator class that carries the bug, sets `clause`,
@@ -115,15 +138,14 @@ class Mutant:
     reverts: str = ""
     """The upstream SGLang change the bug undoes, where one is known (a bug class of
     ../shared/design/sglang-0.5.23-semantics.md section 7, a flag, a commit)."""
+    crash_message: str = ""
+    """For invariant_class CRASH: the text the crash must show."""
 
     def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
                           allocator: type[HybridAllocator] | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
-        registered = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
         assert engine or allocator, f"mutant {slug!r}: pass the engine or allocator class that carries the bug"
-        assert (cls.clause, cls.invariant_class) in registered, \
-            f"mutant {slug!r}: ({cls.clause!r}, {cls.invariant_class!r}) is no registered invariant and class"
-        assert cls.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
+        check_declaration(cls, slug)
         cls.name = f"mutant-{slug}"
         if allocator is not None:
             cls.make_allocator = allocator_adapter(allocator, cls.name)

@@ -139,8 +139,9 @@ class NO_CHUNK_RELEASE(Mutant, slug="no-chunk-release", engine=engine_with_swa_c
     """A prefill checkpoint releases no SWA KV that slid out of the window before its
     insert (WIN-3, LIFE-4): the cursor stays where it was, so each chunk is inserted with
     live SWA on all of it, and a long prompt holds O(prompt) SWA slots instead of O(W)
-    per chunk. Decode steps still evict. A chunk that ends at least `W + P` tokens past
-    the cursor inserts more than `eviction_span_bound` live SWA tokens: I9."""
+    per chunk. Decode steps still evict. A chunk whose insert ends more than
+    `ceil_page(max(W, P)) + P` tokens past the cursor publishes more live SWA than
+    `eviction_span_bound` allows: I9."""
 
     clause, invariant_class = "I9", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
