@@ -36,11 +36,13 @@ class RecordingMachine(RuleBasedStateMachine):
     started = 0.0
     first_failure_seconds: float | None = None
     """From reset_counters to the first failing step: the time to a counterexample."""
+    first_failure_clauses: tuple[str, ...] = ()
+    """What the first failing step broke (shrinking may end on another failure)."""
 
     @classmethod
     def reset_counters(cls):
         cls.examples, cls.steps, cls.tally, cls.config, cls.recorded = 0, 0, Tally(), {}, []
-        cls.started, cls.first_failure_seconds = time.perf_counter(), None
+        cls.started, cls.first_failure_seconds, cls.first_failure_clauses = time.perf_counter(), None, ()
 
     def start_example(self, config: dict[str, Any]):
         """Called before the implementation is built, so that a failure to build it is
@@ -64,6 +66,7 @@ class RecordingMachine(RuleBasedStateMachine):
             cls.recorded[-1] = replace(step, violated=failure.clauses or (failure.kind,), message=str(failure))
             if cls.first_failure_seconds is None:
                 cls.first_failure_seconds = time.perf_counter() - cls.started
+                cls.first_failure_clauses = failure.clauses
             raise
         cls.steps += 1
         return observed

@@ -77,6 +77,7 @@ class RunResult:
     tallies: dict[str, ClassTally] = field(default_factory=dict)
     skipped_because: dict[str, str] = field(default_factory=dict)  # class -> "adapter lacks observable tree"
     first_failure_seconds: float | None = None  # to the first failing example, before shrinking
+    first_failure_clauses: list[str] = field(default_factory=list)  # what that example broke
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"
@@ -305,6 +306,7 @@ def run_json(run: RunResult) -> dict:
         "skipped_because": {name: run.skipped_because[name]
                             for name in INVARIANT_CLASSES if name in run.skipped_because},
         "first_failure_seconds": None if run.first_failure_seconds is None else round(run.first_failure_seconds, 3),
+        "first_failure_clauses": list(run.first_failure_clauses),
     }
 
 

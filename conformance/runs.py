@@ -167,7 +167,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
         return RunResult(job.label, tier, "crashed" if kind == "crashed" else "violated", machine.examples,
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
                          (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
-                         first_failure_seconds=machine.first_failure_seconds)
+                         first_failure_seconds=machine.first_failure_seconds,
+                         first_failure_clauses=list(machine.first_failure_clauses))
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
     return RunResult(job.label, tier, "ok", machine.examples, machine.steps, time.perf_counter() - started, [],

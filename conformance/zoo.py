@@ -87,15 +87,19 @@ def collect(implementations: tuple[str, ...], only: list[str] | None) -> list[Sp
 # -- judging ---------------------------------------------------------------------------------
 
 def detected_classes(result: RunResult) -> list[str]:
-    return sorted({CLASS_OF_CLAUSE[clause] for clause in result.clauses if clause in CLASS_OF_CLAUSE})
+    """The invariant classes the run's first counterexample or its shrunk one broke (the
+    shrinker may end on another failure of the same bug: a shorter crash, say)."""
+    clauses = {*result.first_failure_clauses, *result.clauses}
+    return sorted({CLASS_OF_CLAUSE[clause] for clause in clauses if clause in CLASS_OF_CLAUSE})
 
 
 def caught(specimen: Specimen, result: RunResult) -> bool:
-    """Caught as claimed: a violation of the mutant's class; or, for a mutant that declares
-    that no invariant can see it first, a crash showing its message."""
+    """Caught as claimed: a violation of the mutant's class, by the first counterexample or
+    the shrunk one; or, for a mutant that declares that no invariant can see it first, a
+    crash showing its message."""
     if specimen.invariant_class == CRASH:
         return result.verdict == "crashed" and specimen.crash_message in result.message
-    return result.verdict == "violated" and specimen.invariant_class in detected_classes(result)
+    return result.verdict != "ok" and specimen.invariant_class in detected_classes(result)
 
 
 def verdict(specimen: Specimen, result: RunResult) -> str:
@@ -138,13 +142,19 @@ def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str,
 
 # -- reporting ---------------------------------------------------------------------------------
 
+def detected_by(result: RunResult) -> str:
+    shrunk = ", ".join(result.clauses) or result.verdict
+    first = ", ".join(result.first_failure_clauses)
+    return shrunk if not first or first == shrunk else f"{first}; shrunk: {shrunk}"
+
+
 def table(results: dict[Specimen, RunResult]) -> str:
     rows = [["mutant", "run", "expected", "detected by", "shrunk steps", "s to detect", "result"]]
     for specimen, result in results.items():
         expected = f"{specimen.clause} ({specimen.invariant_class}" + \
             (f": {specimen.crash_message})" if specimen.invariant_class == CRASH else ")")
         rows.append([specimen.adapter, specimen.run, expected,
-                     ", ".join(result.clauses) or result.verdict,
+                     detected_by(result),
                      "-" if result.trace_steps is None else str(result.trace_steps),
                      "-" if result.first_failure_seconds is None else f"{result.first_failure_seconds:.1f}",
                      verdict(specimen, result)])
