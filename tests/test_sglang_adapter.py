@@ -1,6 +1,6 @@
-"""The sglang adapters drive real SGLang 0.5.23: both tree cores agree step for step, a
-bug patched into SGLang's own code is caught, what SGLang cannot show is reported
-skipped, and bad configurations get a clear error.
+"""The sglang adapters drive real SGLang 0.5.23: both tree cores agree step for step,
+what SGLang cannot show is reported skipped, and bad configurations get a clear error.
+(Bugs patched into SGLang's own code: tests/test_sglang_mutants.py.)
 
 Needs SGLang installed (adapters/sglang/requirements.txt); CI installs it and sets
 KVSPEC_REQUIRE_SGLANG=1, which turns a missing SGLang into a failure instead of a skip."""
@@ -16,11 +16,8 @@ if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("
                 allow_module_level=True)
 
 from kvspec.adapters.sglang.runtime import sglang
-from kvspec.conformance.checks import OBSERVABLES, InvariantViolation
-from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.protocol import AdapterError, load_adapter
 from kvspec.conformance.runs import probe
-from kvspec.conformance.trace import TraceStep
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
@@ -29,7 +26,7 @@ from kvspec.spec.window import Policy
 def test_a_quick_check_of_real_sglang_passes(adapter, tmp_path):
     result = subprocess.run(["kvspec", "check", "--adapter", adapter, "--profile", "quick", "--seed", "1",
                              "--run", "allocator P=4", "--run", "engine P=4 W=6", "-n", "2"],
-                            capture_output=True, text=True, cwd=tmp_path)
+                            check=False, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 ok" in result.stdout
 
@@ -39,41 +36,17 @@ def test_the_rust_and_python_tree_cores_agree_step_for_step(tmp_path):
     is checked in full), and the observables the spec fixes must be equal."""
     result = subprocess.run(["kvspec", "check", "--adapter", "sglang", "--differential", "sglang-python",
                              "--profile", "quick", "--seed", "2", "--run", "engine P=16 W=5", "--run", "engine P=2 W=5"],
-                            capture_output=True, text=True, cwd=tmp_path)
+                            check=False, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "against sglang-python" in result.stdout
 
 
 def test_the_rust_core_reports_tree_checks_skipped_not_passed(tmp_path):
     result = subprocess.run(["kvspec", "check", "--adapter", "sglang", "--profile", "quick", "--seed", "1",
-                             "--run", "engine P=4 W=6"], capture_output=True, text=True, cwd=tmp_path)
+                             "--run", "engine P=4 W=6"], check=False, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "adapter lacks observable tree" in result.stdout
     assert "adapter lacks capability refuses_misuse" in result.stdout
-
-
-def test_a_bug_patched_into_sglang_is_caught(monkeypatch):
-    """The window frontier without its page margin (the old
-    SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN), patched into SGLang's own
-    free_swa_out_of_window_slots: at P=4, W=5 a 10-token chunk leaves 4 < W live SWA
-    tokens in its leaf, which is then unmatchable (I10). Unpatched, the same steps pass."""
-    sglang()  # SGLang's modules import through the adapter's runtime (the torchvision stub)
-    from sglang.srt.mem_cache import common
-
-    config = EngineConfig(page_size=4, window=5, size_full=64, size_swa=32, max_requests=4,
-                          policy=Policy("sglang-0.5.23", 4))
-    steps = [TraceStep("admit", {"rid": "r", "prompt": list(range(11))}),
-             TraceStep("prefill_chunk", {"rid": "r", "chunk": 10, "token": 0})]
-
-    def drive():
-        driver = EngineDriver(load_adapter("sglang-python").make_engine(config), frozenset(OBSERVABLES))
-        for step in steps:
-            driver.apply(step)
-
-    drive()
-    monkeypatch.setattr(common, "ceil_align", lambda window, page_size: window)
-    with pytest.raises(InvariantViolation, match="I10"):
-        drive()
 
 
 def test_an_engine_sglang_cannot_be_is_a_clear_error():

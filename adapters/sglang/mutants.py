@@ -1,0 +1,501 @@
+"""The bug zoo on real SGLang: each bug of kvspec.adapters.mutants that lives in SGLang's
+code, patched into SGLang 0.5.23 itself, a line or a few, and driven through the sglang
+adapter.
+
+    kvspec check --adapter sglang-mutant-missing-page-margin --run 'engine P=4 W=6 I=4' --profile ci
+
+must fail and name the mutant's clause. A mutant is an adapter like
+kvspec.adapters.sglang.SGLANG_PYTHON (same capabilities, observables, preload, policy)
+with the reference mutants' attributes (`clause`, `invariant_class`, `exposed_by`,
+`reverts`) and its `patch`: which SGLang function, which source text in it, and what
+replaces that text. `MUTANTS` maps each slug (the reference mutant's) to its mutant,
+named `sglang-mutant-<slug>`; `NOT_PATCHED` says why the other bugs of the zoo have no
+patch here.
+
+All are built on SGLang's Python tree core: kvspec can walk its tree (I10-I14 need it),
+and two of the patches are in Python tree code that the Rust core replaces (the SWA
+eviction walk, the match validator). The rest are in code both cores share.
+
+How a patch is applied (`Patch`, `active`, `Patched`): the function's own source text
+(`inspect.getsource`) with the one edit is compiled again (a method inside its class),
+and the new code object replaces the function's `__code__`; it runs in the function's
+own module globals. The function object stays the same one, so every caller runs the
+edit, including modules that imported the function by name (`from x import f`:
+components/swa.py imports `free_swa_out_of_window_slots`, the adapter's runtime imports
+`release_kv_cache`), which a module-attribute patch would miss. The patch is on only
+while a call into the mutant's allocator or engine runs (`Patched` wraps each
+operation), so an unpatched sglang adapter in the same process, before, after or
+between those calls, runs SGLang unpatched; nothing is patched at import. A patch whose
+text is not in the function exactly once raises PatchError: an SGLang upgrade that
+moves the code stops the mutant instead of leaving it silently unpatched.
+
+SGLang runs with its invariant checks off (as in the sglang adapter), so a misuse the
+patch causes shows as SGLang silently doing the wrong thing, which kvspec's invariants
+catch; where SGLang's own assertions fire first, the mutant's docstring says so.
+"""
+
+import __future__
+
+import ast
+import contextlib
+import functools
+import importlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from types import CodeType, FunctionType
+
+from kvspec.adapters.mutants.seeding import CRASH, Run, check_declaration
+from kvspec.conformance.runs import ENGINE_CONFIGS, PAGE_SIZES
+
+from . import SGLANG_PYTHON
+from .runtime import sglang
+
+# -- patches ----------------------------------------------------------------------------------
+
+
+class PatchError(Exception):
+    """A patch that cannot be applied as written (its text is not found exactly once)."""
+
+
+FUTURE_FLAGS = functools.reduce(lambda flags, name: flags | getattr(__future__, name).compiler_flag,
+                                __future__.all_feature_names, 0)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One edit of one SGLang function: `old`, exact source text of the function (whole
+    lines, indentation as in SGLang's file), becomes `new`."""
+
+    module: str
+    """The module that defines the function, e.g. sglang.srt.mem_cache.common."""
+    function: str
+    """Its qualified name in that module: `free_kv_row_segments`, `Class.method`."""
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.function}: {self.old.strip()!r} -> {self.new.strip()!r}"
+
+    def target(self) -> FunctionType:
+        sglang()  # SGLang's modules import through the adapter's runtime (the torchvision stub)
+        owner = importlib.import_module(self.module)
+        *classes, name = self.function.split(".")
+        for part in classes:
+            owner = getattr(owner, part, None)
+            if not isinstance(owner, type):
+                raise PatchError(f"{self.module} has no class {'.'.join(classes)}; update the patch {self}")
+        function = vars(owner).get(name)
+        if not isinstance(function, FunctionType):
+            raise PatchError(f"{self.module}.{self.function} is not a plain function here; update the patch {self}")
+        ORIGINAL_CODE.setdefault(function, function.__code__)
+        return function
+
+    def code(self) -> CodeType:
+        """The function's code with the edit (compiled once)."""
+        return patched_code(self)
+
+
+ORIGINAL_CODE: dict[FunctionType, CodeType] = {}
+
+
+@functools.cache
+def patched_code(patch: Patch) -> CodeType:
+    function = patch.target()
+    original = ORIGINAL_CODE[function]
+    source = inspect.getsource(original)
+    found = source.count(patch.old)
+    if found != 1:
+        raise PatchError(f"{patch.module}.{patch.function}: the text to replace occurs {found} times in its source, "
+                         f"not once; SGLang's code moved (an upgrade?), so update the patch. Text:\n{patch.old}")
+    edited = textwrap.dedent(source.replace(patch.old, patch.new))
+    if edited.startswith("@"):
+        raise PatchError(f"{patch.module}.{patch.function} is decorated; patch the function it wraps")
+    # a method is compiled inside its class, for private-name mangling and super()'s __class__ cell
+    *classes, _ = patch.function.split(".")
+    wrapped = "".join(f"{'    ' * depth}class {part}:\n" for depth, part in enumerate(classes))
+    tree = ast.parse(wrapped + textwrap.indent(edited, "    " * len(classes)))
+    ast.increment_lineno(tree, original.co_firstlineno - 1 - len(classes))  # tracebacks show SGLang's lines
+    code = compile(tree, original.co_filename, "exec", flags=original.co_flags & FUTURE_FLAGS, dont_inherit=True)
+    for part in patch.function.split("."):  # nothing is executed: the function's code is a constant of its class's
+        code = next(const for const in code.co_consts if isinstance(const, CodeType) and const.co_name == part)
+    if code.co_freevars != original.co_freevars:
+        raise PatchError(f"{patch.module}.{patch.function}: the edit changes the variables it closes over "
+                         f"({original.co_freevars} -> {code.co_freevars}); keep them")
+    return code
+
+
+@contextlib.contextmanager
+def active(patches: tuple[Patch, ...]):
+    """The patches on for the duration of the block (idempotent: a nested block under the
+    same patches changes nothing); the original code back afterwards, however it ends."""
+    swapped = []
+    try:
+        for patch in patches:
+            function, code = patch.target(), patch.code()
+            if function.__code__ is code:
+                continue
+            if function.__code__ is not ORIGINAL_CODE[function]:
+                raise PatchError(f"{patch.module}.{patch.function} is already patched by another mutant's call")
+            function.__code__ = code
+            swapped.append(function)
+        yield
+    finally:
+        for function in reversed(swapped):
+            function.__code__ = ORIGINAL_CODE[function]
+
+
+class Patched:
+    """An allocator or engine of real SGLang built, and driven call by call, with patches
+    on: every operation of the protocol (and snapshot/state) runs inside `active`."""
+
+    def __init__(self, patches: tuple[Patch, ...], build, *args, **kwargs):
+        self.patches = patches
+        with active(patches):
+            self.implementation = build(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self.implementation, name)
+        if not callable(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        def patched(*args, **kwargs):
+            with active(self.patches):
+                return attribute(*args, **kwargs)
+
+        return patched
+
+
+# -- mutants as adapters ----------------------------------------------------------------------
+
+MUTANTS: dict[str, type["SglangMutant"]] = {}
+RUNS_OF_A_CHECK = {Run(page_size).label for page_size in PAGE_SIZES} | \
+    {Run(*config).label for config in ENGINE_CONFIGS}
+
+
+class SglangMutant:
+    """Real SGLang with one patch, as an adapter. A subclass passes its slug, sets `patch`,
+    `clause`, `invariant_class`, `exposed_by` and `reverts`, and says in its docstring
+    what the bug is. The base is SGLang's Python tree core (sglang-python), whose tree
+    kvspec can walk; `base=SGLANG` takes the Rust core."""
+
+    name: str
+    policy_version = SGLANG_PYTHON.policy_version
+    capabilities = SGLANG_PYTHON.capabilities
+    observables = SGLANG_PYTHON.observables
+    preload = SGLANG_PYTHON.preload
+    make_allocator = None
+    make_engine = None
+    patch: Patch
+    clause: str
+    invariant_class: str
+    exposed_by: Run
+    reverts: str
+    """The upstream SGLang fix or flag the patch undoes (bug classes of
+    ../shared/design/sglang-0.5.23-semantics.md section 7)."""
+    crash_message: str = ""
+    """For invariant_class CRASH (kvspec.adapters.mutants.seeding): the text the crash
+    shows, where an assertion of SGLang's own stops every counterexample first."""
+
+    def __init_subclass__(cls, slug: str, base=SGLANG_PYTHON, **kwargs):
+        super().__init_subclass__(**kwargs)
+        check_declaration(cls, slug)
+        assert cls.exposed_by.label in RUNS_OF_A_CHECK, \
+            f"sglang mutant {slug!r}: {cls.exposed_by.label!r} is not a run kvspec check makes"
+        assert cls.reverts, f"sglang mutant {slug!r}: say which SGLang fix or flag it reverts"
+        cls.name = f"sglang-mutant-{slug}"
+        cls.observables = base.observables
+        cls.make_allocator = staticmethod(functools.partial(Patched, (cls.patch,), base.make_allocator))
+        cls.make_engine = staticmethod(functools.partial(Patched, (cls.patch,), base.make_engine))
+        MUTANTS[slug] = cls
+
+
+COMMON = "sglang.srt.mem_cache.common"
+ALLOCATOR = "sglang.srt.mem_cache.allocator.swa"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
+RADIX_CACHE = "sglang.srt.mem_cache.unified_radix_cache"
+SWA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.swa"
+TREE_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
+
+
+# -- window eviction: free_swa_out_of_window_slots and its decode trigger ---------------------------
+
+
+class MISSING_PAGE_MARGIN(SglangMutant, slug="missing-page-margin"):
+    """Window eviction retains `W` tokens below `pre_len` instead of whole pages
+    `ceil_align(max(W, P), P)`, while sharing prefixes. The window of the next token stays
+    live, but when `1 <= W % P <= P - 2` the floored cursor leaves the leaf a checkpoint
+    inserts fewer than `W` live SWA tokens: no later request can match the prefix."""
+
+    patch = Patch(COMMON, "free_swa_out_of_window_slots",
+                  "        evict_threshold = pre_len - ceil_align(\n"
+                  "            max(sliding_window_size, page_size), page_size\n"
+                  "        )\n",
+                  "        evict_threshold = pre_len - sliding_window_size\n")
+    clause, invariant_class = "I10", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("the page margin: 0.5.23's ceil_align(max(W, P), P), which replaced the threshold pre_len - W of "
+               "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN (bug class 2)")
+
+
+class FRONTIER_MAX_WINDOW_PAGE(SglangMutant, slug="frontier-max-window-page"):
+    """Window eviction retains `max(W, P)` tokens, not rounded up to a page. It differs
+    from 0.5.23 when `W > P` and `W % P != 0`, and there it is the missing page margin:
+    at `W % P <= P - 2` a checkpoint's leaf keeps fewer than `W` live SWA tokens (I10).
+    (It differs from the missing margin only when `P > W`, where it is safe.)"""
+
+    patch = Patch(COMMON, "free_swa_out_of_window_slots",
+                  "        evict_threshold = pre_len - ceil_align(\n"
+                  "            max(sliding_window_size, page_size), page_size\n"
+                  "        )\n",
+                  "        evict_threshold = pre_len - max(sliding_window_size, page_size)\n")
+    clause, invariant_class = "I10", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("the rounding of max(W, P) up to a page: the public-fork threshold pre_len - max(W, P) that "
+               "preceded 0.5.23's ceil_align(max(W, P), P) (digest section 4.1)")
+
+
+class FRONTIER_INTO_WINDOW(SglangMutant, slug="frontier-into-window"):
+    """Window eviction rounds the new cursor up to a page instead of down: whenever the
+    threshold is not on a page boundary the request frees one page too many.
+
+    At a decode step that page holds positions of the window (I8). At a prefill
+    checkpoint it is cut from the leaf the insert makes, which keeps fewer than `W` live
+    SWA tokens (I10), and from the window too unless the chunk's window starts at or
+    above the rounded cursor (I8). The first counterexample breaks I8; kvspec check may
+    shrink it to a checkpoint that breaks I10 alone (P=4, W=7: an 11-token chunk, cursor
+    4, leaf [4, 8) live)."""
+
+    patch = Patch(COMMON, "free_swa_out_of_window_slots",
+                  "        new_evicted_seqlen = (new_evicted_seqlen // page_size) * page_size\n",
+                  "        new_evicted_seqlen = ceil_align(new_evicted_seqlen, page_size)\n")
+    clause, invariant_class = "I8", "window-liveness"
+    exposed_by = Run(page_size=4, window=7, interval=1)
+    reverts = "the floor of the new cursor to a page (bug class 9, evicting into the live window)"
+
+
+class UNALIGNED_CURSOR(SglangMutant, slug="unaligned-cursor"):
+    """Window eviction sets the SWA cursor to the raw threshold, not floored to a page:
+    the cursor splits a page between the dead and the live range.
+
+    Decode steps and prefill checkpoints share free_swa_out_of_window_slots. Where a decode
+    step evicts first, kvspec sees the unaligned cursor (I6, with I5 and I8: the
+    page-granular SWA free released live positions above it; the first counterexample at
+    seed 0). Where a checkpoint does, its insert asserts the cursor is page aligned
+    (SWAComponent._clip_to_window), a crash; kvspec check shrinks to that, two steps:
+    admit, then a 10-token chunk (P=4, W=7: cursor 9 - 8 = 1).
+    (The reference mutant seeds the decode path only; in SGLang that would take a copy of
+    the shared function, not an edit of it.)"""
+
+    patch = Patch(COMMON, "free_swa_out_of_window_slots",
+                  "    if page_size > 1:\n"
+                  "        new_evicted_seqlen = (new_evicted_seqlen // page_size) * page_size\n",
+                  "")
+    clause, invariant_class = "I6", "alignment"
+    exposed_by = Run(page_size=4, window=7, interval=1)
+    reverts = "the floor of the cursor to a page, `if P > 1: new = floorP(new)` (bug class 5, misaligned cursors)"
+
+
+class DECODE_FRONTIER_ONE_TOKEN_LATE(SglangMutant, slug="decode-frontier-one-token-late"):
+    """The decode step's window eviction is called with the new `seqlen` instead of
+    `pre_len = seqlen - 1`: it frees position `C - W`, which the step itself still reads."""
+
+    patch = Patch(SCHEDULE_BATCH, "ScheduleBatch.maybe_evict_swa",
+                  "                            req.seqlen - 1,\n",
+                  "                            req.seqlen,\n")
+    clause, invariant_class = "I8", "window-liveness"
+    exposed_by = Run(page_size=1, window=3, interval=4)
+    reverts = "decode's pre_len = seqlen - 1 (bug class 9: an off-by-one in pre_len frees the window's first token)"
+
+
+class DECODE_EVICTION_NEVER(SglangMutant, slug="decode-eviction-never"):
+    """The decode trigger of window eviction is never true: `or` slipped to `and` in the
+    condition `has_auxiliary_swa or swa_evict_due(req)`, and a plain SWA tree has no
+    auxiliary window. A decoding request keeps every SWA slot it allocates."""
+
+    patch = Patch(SCHEDULE_BATCH, "ScheduleBatch.maybe_evict_swa",
+                  "                        and (has_auxiliary_swa or swa_evict_due(req))\n",
+                  "                        and (has_auxiliary_swa and swa_evict_due(req))\n")
+    clause, invariant_class = "I9", "window-bound"
+    exposed_by = Run(page_size=4, window=8, interval=1)
+    reverts = ("decode-time window eviction (maybe_evict_swa's token-gated trigger, SGLANG_SWA_EVICTION_INTERVAL): "
+               "the bound on a decoding request's SWA")
+
+
+class NO_CHUNK_RELEASE(SglangMutant, slug="no-chunk-release"):
+    """A checkpoint of an unfinished request inserts its chunk without releasing the SWA
+    below the window first: the whole chunk goes into the tree with live SWA, so a long
+    prompt holds SWA for all of its chunks instead of a window per chunk."""
+
+    patch = Patch(RADIX_CACHE, "UnifiedRadixCache.checkpoint_into_tree",
+                  "            for comp in self._components_tuple:\n"
+                  "                comp.free_out_of_window_slots(req, len(radix_key) - 1, insert_params)\n",
+                  "            pass\n")
+    clause, invariant_class = "I9", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("the out-of-window release during chunked prefill (bug class 1; in 0.5.23 also turned off by "
+               "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS=0, a flag, not a code patch)")
+
+
+# -- request release: release_kv_cache, free_kv_row_segments ----------------------------------------
+
+
+class LEAK_ON_RELEASE(SglangMutant, slug="leak-on-release"):
+    """A release frees `[cache_protected_len, owned)` and forgets the over-allocation
+    `[ceil_page(owned), kv_allocated_len)` that a finish with a stop leaves: those pages
+    are neither free nor held."""
+
+    patch = Patch(COMMON, "release_kv_cache",
+                  "    _release_overallocated_kv_indices(\n"
+                  "        req, owned_kv_len, req.kv.kv_allocated_len, tree_cache\n"
+                  "    )\n",
+                  "")
+    clause, invariant_class = "I2", "leak"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = "_release_overallocated_kv_indices, the release of the pages past a stop"
+
+
+class RELEASE_DEAD_RANGE_AS_FULL(SglangMutant, slug="release-dead-range-as-full"):
+    """A release frees the request's SWA-dead range `[swa_dead_lo, cursor)`, whose SWA the
+    window eviction already gave back, in both pools instead of the full pool only: the
+    strict SWA free reads the cleared mapping (slot 0) and, with SGLang's checks off,
+    puts the padding page into the SWA free list, once per dead page.
+
+    kvspec sees page 0 in the free list (I1, and I3 counts a page twice: the first
+    counterexample at seed 0). Where the SWA pool is free enough for those extra entries
+    to overfill it, SGLang's own check that its free list is no longer than the pool
+    (SWATokenToKVPoolAllocator._free_swa_pages) fires inside the release instead, a crash;
+    kvspec check shrinks to that (a lone request, an abort after decode eviction)."""
+
+    patch = Patch(COMMON, "free_kv_row_segments",
+                  "        allocator.free_full_segments(swa_dead)\n",
+                  "        allocator.free_segments(swa_dead)\n")
+    clause, invariant_class = "I1", "leak"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("the dead/alive split of free_kv_row_segments (dead range full-side only); bug class 4, a free "
+               "of page 0 through the padding mapping")
+
+
+# -- the hybrid allocator: SWATokenToKVPoolAllocator -----------------------------------------------
+
+
+class STALE_MAPPING(SglangMutant, slug="stale-mapping"):
+    """The strict SWA free (`free_swa_segment`, `free_segment`, `free_swa` at page size 1)
+    returns the SWA pages but leaves the freed full slots mapped to them: released
+    positions still name SWA slots the pool may give to another request."""
+
+    patch = Patch(ALLOCATOR, "SWATokenToKVPoolAllocator._free_swa_pages_none_cuda",
+                  "        self.clear_full_to_swa_mapping(mapping_indices)\n"
+                  "        return swa_pages\n",
+                  "        return swa_pages\n")
+    clause, invariant_class = "I5", "mapping"
+    exposed_by = Run(page_size=4)
+    reverts = "the mapping reset on every SWA free (bug class 6, stale mapping after free)"
+
+
+class TAIL_FULL_PAGE_COUNT(SglangMutant, slug="tail-full-page-count"):
+    """`alloc_extend_swa_tail` passes the full side's page count to the SWA sub-allocator,
+    which consumes that many pages for a tail that needs fewer: the rest are neither free
+    nor mapped (I3).
+
+    Where the SWA pool has the tail's pages but not the full count, the capacity check
+    passes and the SWA sub-allocator returns None; SGLang's own `assert alloc_swa_indices
+    is not None` fires, a crash the allocator tier names ALLOC-5. kvspec check shrinks to
+    that, two steps (a one-token sequence, then a 5-token fork with a one-token tail into
+    a two-page SWA pool), at every seed tried. At page size 16 the first counterexample
+    at seed 0 is the leak; at 2 and 4 it is the crash."""
+
+    patch = Patch(ALLOCATOR, "SWATokenToKVPoolAllocator.alloc_extend_swa_tail",
+                  "            num_new_pages=num_swa_pages,\n",
+                  "            num_new_pages=num_full_pages,\n")
+    clause, invariant_class = "I3", "leak"
+    exposed_by = Run(page_size=16)
+    reverts = ("num_new_pages=num_swa_pages for the SWA side of alloc_extend_swa_tail (design-doc change 2; "
+               "bug class 7, page-count mismatch)")
+
+
+class FULL_FREED_BEFORE_SWA(SglangMutant, slug="full-freed-before-swa"):
+    """The set-shaped SWA free (`free_swa` at page size > 1, which `free` calls first)
+    does the full side's bookkeeping first: it resets the freed full pages' mapping to 0,
+    then reads their SWA peers from it. It finds none and, lenient, skips them: the SWA
+    pages are neither freed nor held.
+
+    (The literal reorder of `free`'s two calls, `free_full` before `free_swa`, is no bug
+    in 0.5.23: `free_full` leaves the mapping alone, so `free_swa` after it reads the same
+    peers; unpatched and patched that way, allocator P=1, 2, 4 and 16 pass 300 examples.)"""
+
+    patch = Patch(ALLOCATOR, "SWATokenToKVPoolAllocator.free_swa",
+                  "        swa_indices = self.full_to_swa_index_mapping[mapping_indices]\n"
+                  "        self.clear_full_to_swa_mapping(mapping_indices)\n",
+                  "        self.clear_full_to_swa_mapping(mapping_indices)\n"
+                  "        swa_indices = self.full_to_swa_index_mapping[mapping_indices]\n")
+    clause, invariant_class = "I3", "leak"
+    exposed_by = Run(page_size=4)
+    reverts = "SWA first: free_swa reads the peers from the mapping before it clears it (bug class 6, digest 2.3)"
+
+
+class ONE_POOL_AVAILABLE(SglangMutant, slug="one-pool-available"):
+    """The capacity predicate `new_pages_available` looks at the full pool only. An
+    extend (or SWA-tail allocation) that fits the full pool but not the SWA pool then
+    takes its full pages, and the SWA sub-allocator returns None: SGLang's own
+    `assert alloc_swa_indices is not None` stops it: a crash, which the allocator tier
+    names ALLOC-5 (the adapter turns the AssertionError into InvalidAllocation, raised by a
+    valid call), as the reference mutant crashes too.
+    The engine tier's extend gate (the adapter's `extend_fits`) calls this same predicate
+    and crashes there the same way; the decode gate (`check_decode_capacity`) reads
+    `available_size()`, which still looks at both pools."""
+
+    patch = Patch(ALLOCATOR, "SWATokenToKVPoolAllocator.new_pages_available",
+                  "        return full_ok and (\n"
+                  "            num_swa_pages <= self.swa_attn_allocator.available_size() // self.page_size\n"
+                  "        )\n",
+                  "        return full_ok\n")
+    clause, invariant_class = "ALLOC-5", CRASH
+    crash_message = "raised although the call is valid"
+    exposed_by = Run(page_size=4)
+    reverts = "new_pages_available over both pools, the single capacity predicate (design-doc change 2)"
+
+
+# -- the tree: SWA eviction and the SWA match validator --------------------------------------------
+
+
+class SWA_EVICT_IGNORES_LOCKS(SglangMutant, slug="swa-evict-ignores-locks"):
+    """SWA eviction's LRU walk skips nodes by their host lock count instead of their
+    device lock count (the walker it was copied from): with no host cache that count is
+    0, so SWA eviction tombstones nodes running requests hold locked."""
+
+    patch = Patch(TREE_CORE, "UnifiedLRUList.get_prev_no_lock",
+                  "        while x.component_data[ct].lock_ref > 0:\n",
+                  "        while x.component_data[ct].host_lock_ref > 0:\n")
+    clause, invariant_class = "I14", "locks"
+    exposed_by = Run(page_size=4, window=8, interval=1)
+    reverts = "SWA eviction skipping SWA-locked nodes (get_prev_no_lock; bug class 10, I14)"
+
+
+class MATCH_SHORT_WINDOW(SglangMutant, slug="match-short-window"):
+    """The SWA match validator rejects a tombstone but forgets to restart the count of live
+    SWA tokens after it: the count stays at "no tombstone met", so any live node below a
+    tombstone is accepted, with fewer than `W` live SWA tokens after the tombstone. A
+    request that matches such a prefix starts with a window reaching into the tombstone.
+    The engine machine draws that rarely on real SGLang (a prompt that follows a cached
+    path through a tombstone and leaves it fewer than W tokens later): at seed 0 the
+    page-size-1 run finds it in its 12th example, the P=4 runs not in 300."""
+
+    patch = Patch(SWA_COMPONENT, "SWAComponent.create_match_validator",
+                  '                state["len"] = 0\n',
+                  "")
+    clause, invariant_class = "I8", "window-liveness"
+    exposed_by = Run(page_size=1, window=3, interval=4)
+    reverts = "the SWA match validator: at least W live SWA tokens after a tombstone (digest section 3.3)"
+
+
+# -- bugs of the zoo with no SGLang patch here ---------------------------------------------------
+
+NOT_PATCHED = {
+    "non-atomic-decode": "SGLang 0.5.23 already has this bug (known divergence SGL-6, alloc_decode keeps the full "
+                         "page it took when the SWA side is short); the reference mutant shows it",
+    "pd-cursor-unset": "the sglang adapter does not drive SGLang's PD-decode pre-allocation at the engine tier "
+                       "(capability pd_decode), where the cursor is set",
+}
+"""Reference only: each slug of kvspec.adapters.mutants that has no SGLang patch, and why."""
