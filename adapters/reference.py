@@ -1,7 +1,7 @@
 """The reference model behind the allocator-tier adapter protocol: the same operations,
 with slot tensors turned into lists of ints so the harness never sees torch."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import AllocatorState

@@ -95,11 +95,13 @@ def detected_classes(result: RunResult) -> list[str]:
 
 def caught(specimen: Specimen, result: RunResult) -> bool:
     """Caught as claimed: a violation of the mutant's class, by the first counterexample or
-    the shrunk one; or, for a mutant that declares that no invariant can see it first, a
-    crash showing its message."""
+    the shrunk one; or a crash showing the message the mutant declares (its only
+    manifestation, for a CRASH mutant, or the same bug's other one)."""
+    crashed_as_declared = (result.verdict == "crashed" and bool(specimen.crash_message)
+                           and specimen.crash_message in result.message)
     if specimen.invariant_class == CRASH:
-        return result.verdict == "crashed" and specimen.crash_message in result.message
-    return result.verdict != "ok" and specimen.invariant_class in detected_classes(result)
+        return crashed_as_declared
+    return crashed_as_declared or (result.verdict != "ok" and specimen.invariant_class in detected_classes(result))
 
 
 def verdict(specimen: Specimen, result: RunResult) -> str:

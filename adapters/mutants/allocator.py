@@ -70,6 +70,7 @@ class TAIL_FULL_PAGE_COUNT(Mutant, slug="tail-full-page-count", allocator=SwaTai
     first.)"""
 
     clause, invariant_class = "I3", "leak"
+    crash_message = "OutOfMemory"  # the same bug, where the SWA pool is short: see the docstring
     exposed_by = Run(page_size=4)
     reverts = ("bug class 7 of the SGLang digest (section 7): design doc change 2 made alloc_extend_swa_tail pass "
                "num_new_pages=num_swa_pages to the SWA sub-allocator (section 2.4)")

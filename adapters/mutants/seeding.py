@@ -139,7 +139,9 @@ class Mutant:
     """The upstream SGLang change the bug undoes, where one is known (a bug class of
     ../shared/design/sglang-0.5.23-semantics.md section 7, a flag, a commit)."""
     crash_message: str = ""
-    """For invariant_class CRASH: the text the crash must show."""
+    """For invariant_class CRASH: the text the crash must show. For another class: the text
+    of a crash that is the same bug's other manifestation (where a pool is short, say, the
+    step fails before any invariant looks), which also counts as caught; empty if none."""
 
     def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
                           allocator: type[HybridAllocator] | None = None, **kwargs):
