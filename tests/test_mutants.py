@@ -21,8 +21,8 @@ from kvspec.spec.window import Policy
 # minutes, and the assertion is on the clause, not on a minimal reproduction. The ci
 # profile's own 300 examples, as `kvspec check --profile ci` runs: match-short-window is
 # seen only when a new request matches a cached prefix through an SWA tombstone, which
-# the engine machine draws rarely (at this seed, in example 218; the other mutants within
-# their first 100). A mutant is caught at its first failure, so the budget costs only the
+# the engine machine used to draw rarely (in example 218 at this seed, before its prompts
+# followed stems through their tombstones). A mutant is caught at its first failure, so the budget costs only the
 # mutants that need it.
 SEED = 0
 SETTINGS = settings(profile("ci"), database=None, phases=[Phase.explicit, Phase.generate])

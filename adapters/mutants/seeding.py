@@ -36,6 +36,17 @@ def with_names(function: FunctionType, **names) -> FunctionType:
     return copy
 
 
+def engine_with_decode_frontier(frontier) -> type[Engine]:
+    """The reference engine with the decode step's window eviction (only) decided by
+    `frontier` in place of kvspec.spec.window.eviction_frontier."""
+
+    class SeededEngine(Engine):
+        decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
+            free_swa_out_of_window_slots, eviction_frontier=frontier))
+
+    return SeededEngine
+
+
 def engine_with_frontier(frontier) -> type[Engine]:
     """The reference engine with every window eviction (at a decode step, at a prefill
     checkpoint, before an extend without a prefix cache) decided by `frontier` in place

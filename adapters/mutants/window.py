@@ -1,12 +1,19 @@
 """Window eviction bugs (WIN-2 .. WIN-6): the frontier below which a request's SWA KV is
 freed computed wrong, an eviction that never runs, and a cursor not set."""
 
-from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
+from kvspec.reference.components import SWAComponent
 from kvspec.reference.engine import Engine
 from kvspec.spec.pages import ceil_page
 from kvspec.spec.window import decode_eviction_due, eviction_frontier, retention
 
-from .seeding import Mutant, Run, engine_with_frontier, engine_with_swa_component, with_names
+from .seeding import (
+    Mutant,
+    Run,
+    engine_with_decode_frontier,
+    engine_with_frontier,
+    engine_with_swa_component,
+    with_names,
+)
 
 frontier_rounded_up = with_names(eviction_frontier, floor_page=ceil_page)  # BUG: floor_page
 
@@ -33,13 +40,8 @@ def frontier_one_token_late(pre_len: int, *args, **kwargs):
     return eviction_frontier(pre_len + 1, *args, **kwargs)  # BUG: pre_len, not the new seq_len
 
 
-class OneTokenLateDecodeEngine(Engine):
-    decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
-        free_swa_out_of_window_slots, eviction_frontier=frontier_one_token_late))
-
-
 class DECODE_FRONTIER_ONE_TOKEN_LATE(Mutant, slug="decode-frontier-one-token-late",
-                                     engine=OneTokenLateDecodeEngine):
+                                     engine=engine_with_decode_frontier(frontier_one_token_late)):
     """The decode step's window eviction computes its threshold from the new `seq_len`
     instead of `pre_len = seq_len - 1`: it frees position `C - W` (P = 1; at P > 1 when
     that crosses a page), which the step itself still reads. After the step that position
@@ -79,12 +81,7 @@ def unfloored(position: int, page_size: int) -> int:
 frontier_unaligned = with_names(eviction_frontier, floor_page=unfloored)
 
 
-class UnalignedDecodeEvictionEngine(Engine):
-    decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
-        free_swa_out_of_window_slots, eviction_frontier=frontier_unaligned))
-
-
-class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=UnalignedDecodeEvictionEngine):
+class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=engine_with_decode_frontier(frontier_unaligned)):
     """The decode step's window eviction sets `swa_evicted_seqlen` to the raw threshold
     `pre_len - retention`, not floored to a page (WIN-3 step 4; SGLang's
     `if P > 1: new = floorP(new)` left out): the cursor splits a page between the dead
