@@ -7,6 +7,7 @@
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
     kvspec zoo     [--implementation all|reference|sglang] [--only TEXT] [--json F] [-n WORKERS]
+    kvspec spec    [--out DIR] [--tests DIR]
 
 `check` runs the allocator-tier and engine-tier state machines (runs.py) in worker
 processes, shows each run as it ends, then a table per run and per invariant class, and
@@ -28,6 +29,7 @@ from .isolation import Journal, Lost, run_jobs
 from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter
 from .replay import Replay, replay, unmet_requirements
+from .spec_view import add_command as add_spec
 from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
 from .runs import Job, isolated_check, lost_check, machines, probe, skipped_runs
 from .trace import TraceError, kvspec_version, load
@@ -192,6 +194,7 @@ def main(argv=None) -> int:
     vectors_parser.set_defaults(func=vectors_command)
 
     add_diff_helpers(commands)
+    add_spec(commands)
     args = parser.parse_args(argv)
     # SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worker processes are killed too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

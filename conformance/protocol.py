@@ -123,7 +123,9 @@ def resolve(spec: str) -> Any:
 
 
 def validate(candidate: Any, spec: str) -> Adapter:
-    """Check an adapter object's declarations; raise AdapterError listing every problem."""
+    """Check an adapter object's declarations; raise AdapterError listing every problem.
+    [WIN-1] The policy version it declares must be one the spec defines: it decides what
+    the window checks require."""
     problems = []
     name = getattr(candidate, "name", spec)
     version = getattr(candidate, "policy_version", None)

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+from kvspec.adapters.reference import ADAPTER as REFERENCE
 from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
@@ -97,3 +98,27 @@ class TreelessEngineAdapter(ReferenceEngineAdapter):
 
 NO_TREE_DUMP = engine_adapter("NO_TREE_DUMP", TreelessEngineAdapter, observables=("free_sets", "mapping", "rows"))
 """An engine that cannot show its prefix tree: the checks that read it are skipped."""
+
+
+def highest_pages_first(allocator: HybridAllocator) -> HybridAllocator:
+    """The same allocator handing out its pages in the opposite order (MODEL-5: no check
+    may care which free page an allocation returns)."""
+    for pool in (allocator.full, allocator.swa):
+        pool.free_pages = pool.free_pages.flip(0)
+    return allocator
+
+
+class HighestPagesFirstAllocatorAdapter(ReferenceAllocatorAdapter):
+    def __init__(self, size_full, size_swa, page_size):
+        self.allocator = highest_pages_first(HybridAllocator(size_full, size_swa, page_size))
+
+
+class HighestPagesFirstEngineAdapter(ReferenceEngineAdapter):
+    def __init__(self, config):
+        super().__init__(config)
+        highest_pages_first(self.engine.allocator)
+
+
+HIGHEST_PAGES_FIRST = engine_adapter("HIGHEST_PAGES_FIRST", HighestPagesFirstEngineAdapter,
+                                     make_allocator=HighestPagesFirstAllocatorAdapter,
+                                     capabilities=REFERENCE.capabilities)

@@ -300,6 +300,7 @@ def test_i12_ledger_off_by_a_page():
 
 
 def test_i13_swa_value_differs_from_the_mapping():
+    """[TREE-1] A node's SWA slots are exactly the mapping of its full slots."""
     now = engine()
     swa = node(now, B).swa_value
     assert clauses(None, None, with_node(now, B, swa_value=(swa[1],) + swa[1:])) == {"I13"}

@@ -42,6 +42,7 @@ def test_a_check_writes_a_json_and_a_junit_report_that_validate(tmp_path):
 
 
 def test_checks_an_adapter_cannot_observe_are_reported_skipped_not_passed(tmp_path):
+    """[OBS-1] An engine that cannot show its tree: the checks that read it are skipped."""
     result = kvspec("check", "--adapter", "sample_adapters:NO_TREE_DUMP", "--run", "engine P=4 W=6", "--seed", "1",
                     "--json", "r.json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -81,6 +82,22 @@ def test_a_divergence_no_invariant_sees_is_caught_against_the_reference():
     against_reference = engine_machine(GreedyEvictionAdapter, 4, 6, policy, shadow=load_adapter("reference"))
     with pytest.raises(AssertionError, match=r"\[OBS-3\].*differ: free_(full|swa)_pages"):
         run_state_machine_as_test(seed(1)(against_reference), settings=quick)
+
+
+def test_which_free_page_an_allocation_returns_is_never_compared(tmp_path):
+    """[MODEL-5] An implementation that hands out the highest free page first gets other
+    slot ids than the reference for the same calls, yet conforms and agrees with the
+    reference on everything the spec fixes (OBS-3)."""
+    from sample_adapters import HighestPagesFirstAllocatorAdapter
+    from kvspec.adapters.reference import ReferenceAllocatorAdapter
+
+    slots = [adapter(16, 16, 4).alloc_extend([0], [4], [-1])
+             for adapter in (HighestPagesFirstAllocatorAdapter, ReferenceAllocatorAdapter)]
+    assert slots[0] != slots[1]
+    result = kvspec("check", "--adapter", "sample_adapters:HIGHEST_PAGES_FIRST", "--differential", "--seed", "0",
+                    "--run", "allocator P=4", "--run", "engine P=4 W=6 I=4", "--traces", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(": ok, ") == 2, result.stdout
 
 
 @pytest.mark.parametrize("slug", ["stale-mapping", "leak-on-release", "release-dead-range-as-full"])

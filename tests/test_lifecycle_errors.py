@@ -119,6 +119,7 @@ def test_decode_past_the_full_pool_is_refused():
 
 
 def test_errors_are_kvspec_errors():
+    """[MODEL-3] Every error the spec raises is a KvSpecError (a configuration error also a ValueError)."""
     assert issubclass(InvalidRequest, KvSpecError) and issubclass(InvalidConfig, KvSpecError)
     assert issubclass(InvalidConfig, ValueError)
 
@@ -164,7 +165,8 @@ def test_every_problem_of_a_configuration_is_named():
 # -- out of memory ---------------------------------------------------------------------------
 
 def test_prefill_out_of_memory_with_nothing_to_evict_changes_nothing():
-    """[LIFE-7, I15] 12 tokens need 3 pages; the SWA pool has 2 and the cache is empty."""
+    """[LIFE-7, I15, MODEL-3] 12 tokens need 3 pages; the SWA pool has 2 and the cache is
+    empty: OutOfMemory is returned, not raised, and nothing changes."""
     engine = Engine(engine_config(size_full=16, size_swa=8))
     engine.admit("r", list(range(12)))
     before = engine.snapshot()
@@ -242,6 +244,7 @@ def test_pd_admit_out_of_memory_leaves_no_request_and_no_lock():
 
 
 def test_admission_without_a_free_row_is_out_of_memory():
+    """[LIFE-3] Admission takes a row, or returns OutOfMemory for the request pool and changes nothing."""
     engine = Engine(engine_config(max_requests=1))
     assert engine.admit("a", [1, 2, 3]) is None
     before = engine.snapshot()

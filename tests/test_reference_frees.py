@@ -74,6 +74,7 @@ def test_free_swa_is_lenient_and_page_granular_with_larger_pages():
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_free_full_refuses_a_live_swa_peer(page_size):
+    """[MAP-2] Freeing the full slot would strand its SWA peer."""
     P = page_size
     allocator = hybrid(P)
     row = new_sequence(allocator, 2 * P)

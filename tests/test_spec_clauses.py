@@ -102,16 +102,17 @@ def test_claims_in(docstring, claimed):
 
 
 def test_parse_chapter_reads_heading_prose_and_definitions():
-    text = ("# 9. Seeded\n\nIntro.\n\n### PAGE-9 A title\n\nProse line.\n\n```\n# not a heading\n```\n\n"
-            "#### Example\n\nMore.\n\nDefinitions: `a.b`, `c.d`\n\n## Group\n\n### I99 Other\n\nText.\n\nDefinitions: none yet.\n")
+    # DEMO is no family of the chapters; I7 is a real id, in the form an invariant's takes
+    text = ("# 9. Seeded\n\nIntro.\n\n### DEMO-9 A title\n\nProse line.\n\n```\n# not a heading\n```\n\n"
+            "#### Example\n\nMore.\n\nDefinitions: `a.b`, `c.d`\n\n## Group\n\n### I7 Other\n\nText.\n\nDefinitions: none yet.\n")
     first, second = clauses.parse_chapter("09-seeded.md", text)
-    assert (first.id, first.title, first.chapter, first.definitions) == ("PAGE-9", "A title", "09-seeded.md", ("a.b", "c.d"))
+    assert (first.id, first.title, first.chapter, first.definitions) == ("DEMO-9", "A title", "09-seeded.md", ("a.b", "c.d"))
     assert "# not a heading" in first.prose and "More." in first.prose and "Definitions" not in first.prose
-    assert (second.id, second.definitions) == ("I99", ())
+    assert (second.id, second.definitions) == ("I7", ())
 
 
 @pytest.mark.parametrize("text, error", [
-    ("### PAGE-9 Title\n\nNo definitions line.\n", "needs exactly one line"),
+    ("### DEMO-9 Title\n\nNo definitions line.\n", "needs exactly one line"),
     ("### Not a clause\n\nDefinitions: `a.b`\n", "is not `### CLAUSE-ID Title`"),
 ])
 def test_parse_chapter_rejects_malformed_clauses(text, error):

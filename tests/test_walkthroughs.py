@@ -110,7 +110,8 @@ def prefill_in_three_chunks(walk: Walk) -> list[dict]:
 
 
 def test_4_3_chunked_prefill_walkthrough():
-    """[LIFE-4, WIN-3, TREE-3, TREE-4] The digest's §4.3, checkpoint by checkpoint."""
+    """[LIFE-2, LIFE-4, WIN-3, TREE-3, TREE-4] The digest's §4.3, checkpoint by checkpoint:
+    the request's lengths and cursor after each."""
     walk = Walk(config())
     chunk1, chunk2, chunk3 = prefill_in_three_chunks(walk)
 
@@ -168,7 +169,7 @@ def test_4_3_swa_footprint_is_bounded_by_the_window_per_chunk():
 
 
 def test_3_3_match_after_each_checkpoint():
-    """[WIN-7, TREE-3] A second request with the same prompt matches exactly up to each
+    """[LIFE-3, WIN-7, TREE-3] A second request with the same prompt matches exactly up to each
     insert end: after chunk 1 the path A tombstone, B1, B2 accepts at B2 (16), after
     chunk 2 at C2 (32), whose live run after the tombstone C0 is 12 >= W."""
     for chunks, expected in ((1, 16), (2, 32)):
