@@ -195,3 +195,8 @@ def test_incomplete_coverage_exits_1_after_writing_and_a_missing_tests_folder_ex
     assert "## Coverage problems" in (tmp_path / "out" / "spec.md").read_text(encoding="utf-8")
     result = kvspec("spec", "--tests", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert result.returncode == 2 and "no tests folder at" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_link_to_no_element_is_found():
+    links = links_of('<h4 id="I5">I5</h4><a href="#I5">ok</a><a href="#I55">typo</a><a href="other.html#I5">out</a>')
+    assert set(links.targets) - links.ids == {"I55"}
