@@ -38,9 +38,9 @@ def markdown(cov: Coverage) -> str:
     index, *chapters = [(name, files("kvspec.spec").joinpath(name).read_text(encoding="utf-8"))
                         for name in chapter_names()]
     parts = [f"# {TITLE}\n",
-             "Rendered by `kvspec spec` from the chapters in `spec/`, the definitions they cite and the code "
-             "that names each clause (`conformance/clause_coverage.py` says what counts as a check, a test, a "
-             "mutant or a divergence).\n",
+             ("Rendered by `kvspec spec` from the chapters in `spec/`, the definitions they cite and the code "
+              "that names each clause (`conformance/clause_coverage.py` says what counts as a check, a test, a "
+              "mutant or a divergence).\n"),
              # the index chapter is the preamble: its own title is the document's
              chapter(*index, cov).split("\n", 4)[4],
              "## Contents\n",
@@ -63,8 +63,8 @@ def chapter_anchor(name: str) -> str:
 
 def coverage_matrix(cov: Coverage) -> str:
     rows = ['<a id="coverage"></a>', "## Clause coverage\n",
-            "Per clause: the checks that enforce it, how many tests exercise it, the bugs of the zoo that break "
-            "it, and the known divergences of real SGLang from it.\n",
+            ("Per clause: the checks that enforce it, how many tests exercise it, the bugs of the zoo that break "
+             "it, and the known divergences of real SGLang from it.\n"),
             "| clause | title | checks | tests | mutants | divergences |", "|---|---|---|---|---|---|"]
     for clause_id, clause in cov.clauses.items():
         checks = cov.of(clause_id, "check")

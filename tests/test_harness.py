@@ -89,6 +89,7 @@ def test_which_free_page_an_allocation_returns_is_never_compared(tmp_path):
     slot ids than the reference for the same calls, yet conforms and agrees with the
     reference on everything the spec fixes (OBS-3)."""
     from sample_adapters import HighestPagesFirstAllocatorAdapter
+
     from kvspec.adapters.reference import ReferenceAllocatorAdapter
 
     slots = [adapter(16, 16, 4).alloc_extend([0], [4], [-1])
