@@ -2,8 +2,8 @@
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
                    [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential [ADAPTER]] [--run TEXT]
-                   [--no-shrink]
-    kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose]
+                   [--no-shrink] [--plot FILE]
+    kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose] [--plot FILE]
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
     kvspec zoo     [--implementation all|reference|sglang] [--only TEXT] [--json F] [-n WORKERS]
@@ -11,7 +11,8 @@
 
 `check` runs the allocator-tier and engine-tier state machines (runs.py) in worker
 processes, shows each run as it ends, then a table per run and per invariant class, and
-saves each failure as a shrunk trace that `replay` reproduces. Exit status, for every
+saves each failure as a shrunk trace that `replay` reproduces. `--plot` draws each run or
+trace: both pools per step, by holder (occupancy.py). Exit status, for every
 command: 0 conformant, 1 a violation (or a crash, a hang, a divergence), 2 usage,
 adapter or trace errors.
 """
@@ -26,18 +27,30 @@ from pathlib import Path
 from .checks import ImplementationCrash
 from .diff_helpers import add_command as add_diff_helpers
 from .isolation import Journal, Lost, run_jobs
+from .occupancy import PlotError, draw, picture_path, timeline
 from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter
 from .replay import Replay, replay, unmet_requirements
-from .spec_view import add_command as add_spec
 from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
-from .runs import Job, isolated_check, lost_check, machines, probe, skipped_runs
+from .runs import Job, isolated_check, lost_check, machines, probe, skipped_runs, slug
+from .spec_view import add_command as add_spec
 from .trace import TraceError, kvspec_version, load
 from .vectors import corpus_files, write_corpus
 from .zoo import add_command as add_zoo
 
 
+def pictures(plot: Path | None, names: list[str]) -> dict[str, str | None]:
+    """Where `--plot FILE` draws each of `names` (runs or traces): FILE itself for one,
+    FILE's stem + '-' + name + its suffix for each of several."""
+    if plot is None:
+        return dict.fromkeys(names)
+    if len(names) == 1:
+        return {names[0]: str(plot)}
+    return {name: str(plot.with_name(f"{plot.stem}-{name}{plot.suffix}")) for name in names}
+
+
 def check(args) -> int:
+    plot = picture_path(args.plot) if args.plot else None  # a bad --plot fails before the adapter loads
     adapter = load_adapter(args.adapter)
     probe(adapter)
     other = load_adapter(args.differential) if args.differential else None
@@ -51,8 +64,9 @@ def check(args) -> int:
         if not chosen:
             raise AdapterError(f"no run matches --run {' '.join(args.run)}; the runs are: {', '.join(labels)}")
         labels = chosen
-    jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential, not args.no_shrink)
-            for label in labels]
+    drawn = pictures(plot, [slug(label) for label in labels])
+    jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential, not args.no_shrink,
+                picture=drawn[slug(label)]) for label in labels]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
           flush=True)
@@ -75,6 +89,8 @@ def check(args) -> int:
             if result.trace:
                 print(f"    trace ({result.trace_steps} steps): {result.trace}\n"
                       f"    replay: kvspec replay {result.trace} --adapter {args.adapter}", flush=True)
+        if result.picture:
+            print(f"    picture: {result.picture}", flush=True)
 
     run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done,
              preload=adapter.preload + (other.preload if other else ()))
@@ -91,27 +107,35 @@ def check(args) -> int:
     return report.exit_status
 
 
-def isolated_replay(task: tuple[str, str, bool], journal: Journal) -> Replay | AdapterError:
-    path, adapter_spec, verbose = task
+def isolated_replay(task: tuple[str, str, bool, str | None], journal: Journal
+                    ) -> tuple[Replay | AdapterError | TraceError, str | None]:
+    """A worker's replay of one trace, then its picture if `task` names one: (the
+    replay, the picture's path)."""
+    path, adapter_spec, verbose, picture = task
     try:
-        return replay(load(path), load_adapter(adapter_spec), print if verbose else lambda line: None,
-                      journal=journal)
+        trace, adapter = load(path), load_adapter(adapter_spec)
+        result = replay(trace, adapter, print if verbose else lambda line: None, journal=journal)
+        if picture is not None:
+            draw(timeline(trace, adapter, trace.label or Path(path).stem), picture)
+        return result, picture
     except (AdapterError, TraceError) as error:
-        return error
+        return error, None
 
 
-def lost_replay(task, lost: Lost) -> Replay:
-    """A replay whose process died or hung, at the step it had started."""
+def lost_replay(task, lost: Lost) -> tuple[Replay, None]:
+    """A replay whose process died or hung, at the step it had started: no picture."""
     failure = ImplementationCrash(lost.reason)
     failure.kind = lost.kind
     at = max(0, len(lost.steps) - 1)
-    return Replay(at, failure, stopped_at=at)
+    return Replay(at, failure, stopped_at=at), None
 
 
 def replay_command(args) -> int:
+    plot = picture_path(args.plot) if args.plot else None  # a bad --plot fails before anything runs
     target = Path(args.trace)
     corpus = corpus_files(target) if target.is_dir() else [(target, None)]
     traces = {path: load(path) for path, _ in corpus}  # every file parses before anything runs
+    drawn = pictures(plot, [path.stem for path in traces])
     adapter = load_adapter(args.adapter)
     skipped = {path: unmet for path, trace in traces.items() if (unmet := unmet_requirements(trace, adapter))}
     print(f"kvspec replay: {len(traces)} trace(s) on adapter {args.adapter}", flush=True)
@@ -119,8 +143,9 @@ def replay_command(args) -> int:
         print(f"skip {path.name}: adapter lacks {', '.join(unmet)}")
     failures = 0
 
-    def done(task, result):
+    def done(task, outcome):
         nonlocal failures
+        result, picture = outcome
         if isinstance(result, (AdapterError, TraceError)):
             raise result
         path = Path(task[0])
@@ -137,10 +162,12 @@ def replay_command(args) -> int:
                            f"does not reproduce the recorded {', '.join(recorded)}: ") + verdict
         failures += not consumed
         print(f"{'ok  ' if consumed else 'FAIL'} {path.name}: {verdict}".replace("\n", "\n     "), flush=True)
+        if picture:
+            print(f"     picture: {picture}", flush=True)
 
     replayed = [path for path in traces if path not in skipped]
-    run_jobs([(str(path), args.adapter, args.verbose) for path in replayed], isolated_replay, lost_replay,
-             args.workers, args.step_timeout, done, preload=adapter.preload)
+    run_jobs([(str(path), args.adapter, args.verbose, drawn[path.stem]) for path in replayed], isolated_replay,
+             lost_replay, args.workers, args.step_timeout, done, preload=adapter.preload)
     print(f"\n{len(replayed) - failures} of {len(replayed)} trace(s) replayed in full without a violation"
           + (f"; {len(skipped)} skipped (the adapter lacks what they need)" if skipped else ""))
     return 1 if failures else 0
@@ -173,12 +200,18 @@ def main(argv=None) -> int:
     check_parser.add_argument("--differential", nargs="?", const="reference", metavar="ADAPTER",
                               help="also run every step on ADAPTER (default: the reference) and compare what the "
                                    "spec fixes (OBS-3)")
+    check_parser.add_argument("--plot", metavar="FILE",
+                              help="draw each run's pools per step (its counterexample, else its busiest example) "
+                                   "to FILE (.png, .svg or .pdf; several runs: FILE-<run>.png); needs matplotlib")
     check_parser.set_defaults(func=check)
 
     replay_parser = commands.add_parser("replay", help="replay a trace, or a directory of conformance vectors")
     replay_parser.add_argument("trace", help="a .jsonl trace, or a directory written by `kvspec vectors`")
     replay_parser.add_argument("--adapter", default="reference", help="adapter to replay on (default: reference)")
     replay_parser.add_argument("--verbose", action="store_true", help="print each step as it is applied")
+    replay_parser.add_argument("--plot", metavar="FILE",
+                               help="draw the pools per step to FILE (.png, .svg or .pdf; a directory of traces: "
+                                    "FILE-<trace>.png each); needs matplotlib")
     replay_parser.set_defaults(func=replay_command)
 
     zoo_parser = add_zoo(commands)
@@ -202,7 +235,7 @@ def main(argv=None) -> int:
         parser.error("-n/--workers must be at least 1")
     try:
         return args.func(args)
-    except (AdapterError, TraceError) as error:
+    except (AdapterError, TraceError, PlotError) as error:
         print(f"kvspec: {error}", file=sys.stderr)
         return 2
 

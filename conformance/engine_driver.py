@@ -85,10 +85,11 @@ class EngineDriver:
 
     def check(self, step: Step | None):
         now = self.snapshot()
-        violations = engine_violations(self.previous if step else None, step, now, self.observables, self.tally)
+        # the next step is checked from here even after a violation (a picture of a run goes on past one)
+        previous, self.previous = self.previous, now
+        violations = engine_violations(previous if step else None, step, now, self.observables, self.tally)
         if violations:
             raise InvariantViolation.of(violations, f"after {step}:" if step else "")
-        self.previous = now
 
     def drain(self):
         """Release every request, evict the whole cache: every page must be free."""

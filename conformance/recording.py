@@ -5,6 +5,11 @@ A machine's rules only choose steps (portable data, see trace.py); `run` records
 kills the process is still known) and applies it through the tier's driver, which
 checks every invariant. When Hypothesis has shrunk a failure it replays the minimal
 example last, so the class's `recorded` steps are then the shrunk counterexample.
+
+For a picture of a run that found nothing (occupancy.py), the class also keeps its
+busiest example: the one whose steps allocated and freed the most pages, as the free
+page counts each step shows tell (the longest is no good: Hypothesis' simplest examples
+repeat one refused call). Keeping it costs a reference to a list already made.
 """
 
 import sys
@@ -33,6 +38,12 @@ class RecordingMachine(RuleBasedStateMachine):
     tally = Tally()
     config: dict[str, Any] = {}
     recorded: list[TraceStep] = []
+    traffic = 0
+    """Pages the current example's steps allocated or freed so far."""
+    free_pages: tuple[int, int] = (0, 0)
+    """The free (full, SWA) page counts after the current example's last step."""
+    busiest: tuple[int, dict[str, Any], list[TraceStep]] = (0, {}, [])
+    """The traffic, configuration and steps of the busiest example before the current one."""
     started = 0.0
     first_failure_seconds: float | None = None
     """From reset_counters to the first failing step: the time to a counterexample."""
@@ -42,6 +53,7 @@ class RecordingMachine(RuleBasedStateMachine):
     @classmethod
     def reset_counters(cls):
         cls.examples, cls.steps, cls.tally, cls.config, cls.recorded = 0, 0, Tally(), {}, []
+        cls.traffic, cls.busiest = 0, (0, {}, [])
         cls.started, cls.first_failure_seconds, cls.first_failure_clauses = time.perf_counter(), None, ()
 
     def start_example(self, config: dict[str, Any]):
@@ -49,7 +61,9 @@ class RecordingMachine(RuleBasedStateMachine):
         reported with its configuration."""
         cls = type(self)
         cls.examples += 1
-        cls.config, cls.recorded = config, []
+        cls.keep_if_busiest()
+        cls.config, cls.recorded, cls.traffic = config, [], 0
+        cls.free_pages = config["size_full"] // config["page_size"], config["size_swa"] // config["page_size"]
         if cls.journal:
             cls.journal("example", config)
 
@@ -69,6 +83,9 @@ class RecordingMachine(RuleBasedStateMachine):
                 cls.first_failure_clauses = failure.clauses
             raise
         cls.steps += 1
+        free_pages = observed["free_full_pages"], observed["free_swa_pages"]
+        cls.traffic += abs(free_pages[0] - cls.free_pages[0]) + abs(free_pages[1] - cls.free_pages[1])
+        cls.free_pages = free_pages
         return observed
 
     def teardown(self):
@@ -87,3 +104,16 @@ class RecordingMachine(RuleBasedStateMachine):
         """The steps of the last example run: after a shrunk failure, the minimal one."""
         return Trace(cls.tier, cls.config, adapter, tuple(cls.recorded), seed, label,
                      f"counterexample found by kvspec check ({label})")
+
+    @classmethod
+    def keep_if_busiest(cls):
+        if (cls.traffic, len(cls.recorded)) > (cls.busiest[0], len(cls.busiest[2])):
+            cls.busiest = cls.traffic, cls.config, cls.recorded
+
+    @classmethod
+    def busiest_example(cls, adapter: str, seed: int | None, label: str) -> Trace:
+        """The steps of the busiest example run so far (module docstring)."""
+        cls.keep_if_busiest()
+        _, config, steps = cls.busiest
+        return Trace(cls.tier, config, adapter, tuple(steps), seed, label,
+                     f"busiest example of kvspec check ({label})")

@@ -78,6 +78,7 @@ class RunResult:
     skipped_because: dict[str, str] = field(default_factory=dict)  # class -> "adapter lacks observable tree"
     first_failure_seconds: float | None = None  # to the first failing example, before shrinking
     first_failure_clauses: list[str] = field(default_factory=list)  # what that example broke
+    picture: str | None = None  # path of the picture of the run (kvspec check --plot), not in the JSON report
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"

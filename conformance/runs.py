@@ -6,7 +6,8 @@ decode eviction intervals 1, 4 and 128 (see ENGINE_CONFIGS). Each run is a `Job`
 (picklable: the adapter is named, not passed) executed by `check_job` in a worker
 process (isolation.py); a failure is shrunk by Hypothesis, then saved as a trace whose
 steps carry the reference's observables as expectations (OBS-3), and replayed from the
-saved file to confirm that the trace reproduces it.
+saved file to confirm that the trace reproduces it. With a picture path, the worker then
+draws the run (occupancy.py): its counterexample, or its busiest example if it passed.
 """
 
 import re
@@ -26,6 +27,7 @@ from .allocator_machine import allocator_machine
 from .checks import StepFailure
 from .engine_machine import engine_machine
 from .isolation import Journal, Lost
+from .occupancy import draw, timeline
 from .profiles import profile
 from .protocol import Adapter, AdapterError, load_adapter
 from .replay import replay, with_expectations
@@ -105,6 +107,8 @@ class Job:
     """False keeps the first counterexample as found: sooner, but longer."""
     shrink_seconds: float | None = None
     """Stop shrinking after this long (None: Hypothesis' own limit, 300 s)."""
+    picture: str | None = None
+    """Where to draw the run (a .png, .svg or .pdf), or None."""
 
 
 def slug(text: str) -> str:
@@ -168,11 +172,20 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
                          (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
                          first_failure_seconds=machine.first_failure_seconds,
-                         first_failure_clauses=list(machine.first_failure_clauses))
+                         first_failure_clauses=list(machine.first_failure_clauses), picture=picture(job, trace, adapter))
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
-    return RunResult(job.label, tier, "ok", machine.examples, machine.steps, time.perf_counter() - started, [],
-                     "", None, None, *tallies(machine))
+    elapsed = time.perf_counter() - started
+    busiest = machine.busiest_example(adapter.name, job.seed, job.label)
+    return RunResult(job.label, tier, "ok", machine.examples, machine.steps, elapsed, [], "", None, None,
+                     *tallies(machine), picture=picture(job, busiest, adapter))
+
+
+def picture(job: Job, trace: Trace, adapter: Adapter) -> str | None:
+    """Draw `trace` on the adapter to the job's picture path, if it has one."""
+    if job.picture is None:
+        return None
+    return str(draw(timeline(trace, adapter, job.label), job.picture))
 
 
 def isolated_check(job: Job, journal: Journal):

@@ -88,16 +88,21 @@ def slot_pairs(node: NodeView, values: tuple[SlotId, ...]) -> list[tuple[Positio
     return list(zip(range(node.start, node.end), values))
 
 
+def request_holding(r: RequestView) -> HeldSequence:
+    """What a request holds privately: positions [cpl, L), with live SWA from max(e, cpl)."""
+    return HeldSequence(tuple(r.row[r.cache_protected_len:r.kv_allocated_len]), r.cache_protected_len, r.swa_live_from)
+
+
+def node_holding(node: NodeView) -> HeldSequence:
+    """What a node holds: its full value, with live SWA on all of it or, for an SWA
+    tombstone, on none."""
+    return HeldSequence(node.full_value, node.start, node.start if node.swa_value is not None else node.end)
+
+
 def holders(snapshot: EngineSnapshot) -> list[tuple[str, HeldSequence]]:
     """Who holds what (module docstring), each holder named for messages."""
-    held = []
-    for r in snapshot.requests:
-        private = tuple(r.row[r.cache_protected_len:r.kv_allocated_len])
-        held.append((f"request {r.rid}", HeldSequence(private, r.cache_protected_len, r.swa_live_from)))
-    for node in non_root_nodes(snapshot):
-        live_from = node.start if node.swa_value is not None else node.end
-        held.append((f"node {node.node_id}", HeldSequence(node.full_value, node.start, live_from)))
-    return held
+    return ([(f"request {r.rid}", request_holding(r)) for r in snapshot.requests]
+            + [(f"node {node.node_id}", node_holding(node)) for node in non_root_nodes(snapshot)])
 
 
 def held_sequences(snapshot: EngineSnapshot) -> list[HeldSequence]:
