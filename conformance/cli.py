@@ -82,7 +82,8 @@ def check(args) -> int:
         line = f"[{len(results)}/{len(jobs)}] {result.label}: {result.verdict}"
         line += f", {result.steps} steps in {result.seconds:.1f} s" if result.steps else ""
         if result.first_failure_seconds is not None:
-            line += f" (first counterexample after {result.first_failure_seconds:.1f} s, then shrunk)"
+            line += f" (first counterexample after {result.first_failure_seconds:.1f} s" + \
+                (", then shrunk)" if not args.no_shrink else ", kept unshrunk)")
         print(line, flush=True)
         if result.verdict != "ok":
             print("    " + result.message.replace("\n", "\n    "))
@@ -238,6 +239,9 @@ def main(argv=None) -> int:
     except (AdapterError, TraceError, PlotError) as error:
         print(f"kvspec: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output was piped into a reader that stopped (`| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush does not raise
+        return 1
 
 
 if __name__ == "__main__":

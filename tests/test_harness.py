@@ -111,6 +111,7 @@ def test_a_seeded_bug_exits_1_with_a_trace_that_replay_reproduces(slug, tmp_path
     result = kvspec("check", "--adapter", f"mutant-{slug}", "--run", mutant.exposed_by.label, "--profile", "ci",
                     "--seed", "0", "--no-shrink", "--json", "r.json", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "kept unshrunk)" in result.stdout and "then shrunk" not in result.stdout
     run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
     if mutant.invariant_class == "crash":  # no invariant sees it first: the step fails inside
         assert run["verdict"] == "crashed" and mutant.crash_message in run["message"], run["message"]
@@ -183,3 +184,10 @@ def test_usage_errors_exit_2_with_a_message(tmp_path):
     assert result.returncode == 2 and "the runs are: allocator P=1" in result.stderr
     assert kvspec("check", "-n", "0", cwd=tmp_path).returncode == 2
     assert kvspec("replay", str(tmp_path / "nowhere"), cwd=tmp_path).returncode == 2
+
+
+def test_output_piped_into_a_reader_that_stops_is_no_traceback(tmp_path):
+    result = subprocess.run("kvspec check --adapter reference --run 'allocator P=4' --seed 0 | head -1", shell=True,
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.stdout.startswith("kvspec check: adapter reference") and result.stdout.count("\n") == 1
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
