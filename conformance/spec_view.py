@@ -14,6 +14,7 @@ or an id that no chapter has), after writing the documents, which list the probl
 import ast
 import html
 import inspect
+import os
 import re
 import sys
 from importlib.resources import files
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from kvspec.spec.clauses import CLAUSE_HEADING, CLAUSE_ID, DEFINITIONS_LINE, chapter_names, resolve
 
-from .clause_coverage import KINDS, Citation, Coverage, coverage, default_tests_folder
+from .clause_coverage import KINDS, SOURCE_ROOT, Citation, Coverage, coverage, default_tests_folder
 
 TITLE = "kvspec: the specification"
 """The index chapter's title (spec/00-index.md)."""
@@ -33,8 +34,9 @@ CODE_FENCE = "```"
 
 # -- Markdown ------------------------------------------------------------------------------------
 
-def markdown(cov: Coverage) -> str:
-    """The whole document: title, problems if any, matrix, then every chapter."""
+def markdown(cov: Coverage, root: str) -> str:
+    """The whole document: title, problems if any, matrix, then every chapter. `root` is
+    the repository root relative to where the document is written (for links to sources)."""
     index, *chapters = [(name, files("kvspec.spec").joinpath(name).read_text(encoding="utf-8"))
                         for name in chapter_names()]
     parts = [f"# {TITLE}\n",
@@ -42,14 +44,14 @@ def markdown(cov: Coverage) -> str:
               "that names each clause (`conformance/clause_coverage.py` says what counts as a check, a test, a "
               "mutant or a divergence).\n"),
              # the index chapter is the preamble: its own title is the document's
-             chapter(*index, cov).split("\n", 4)[4],
+             chapter(*index, cov, root).split("\n", 4)[4],
              "## Contents\n",
              *(f"- [{chapter_title(text)}](#{chapter_anchor(name)})" for name, text in chapters),
              "- [Clause coverage](#coverage)\n"]
     if problems := cov.problems():
         parts += ["## Coverage problems\n", *(f"- {problem}" for problem in problems), ""]
     parts += [coverage_matrix(cov)]
-    parts += [chapter(name, text, cov) for name, text in chapters]
+    parts += [chapter(name, text, cov, root) for name, text in chapters]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -78,7 +80,7 @@ def coverage_matrix(cov: Coverage) -> str:
     return "\n".join(rows) + "\n"
 
 
-def chapter(name: str, text: str, cov: Coverage) -> str:
+def chapter(name: str, text: str, cov: Coverage, root: str) -> str:
     """The chapter's own Markdown, one heading level down, with anchors, linked clause
     ids, and each clause's definitions and citations in place of its Definitions line."""
     out, clause_id, in_code = [], None, False
@@ -95,7 +97,7 @@ def chapter(name: str, text: str, cov: Coverage) -> str:
         elif line.startswith("#"):
             out.append("#" + line)
         elif line.startswith(DEFINITIONS_LINE) and clause_id:
-            out.append(clause_appendix(clause_id, cov))
+            out.append(clause_appendix(clause_id, cov, root))
         else:
             out.append(CITED_ID.sub(lambda m: link(m[1], cov), line))
     return "\n".join(out) + "\n"
@@ -105,7 +107,7 @@ def link(clause_id: str, cov: Coverage) -> str:
     return f"[`{clause_id}`](#{clause_id})" if clause_id in cov.clauses else f"`{clause_id}`"
 
 
-def clause_appendix(clause_id: str, cov: Coverage) -> str:
+def clause_appendix(clause_id: str, cov: Coverage, root: str) -> str:
     parts = ["**Definitions**\n"]
     for name in cov.clauses[clause_id].definitions:
         parts += [f"<details><summary><code>{name}</code></summary>\n", f"{CODE_FENCE}python",
@@ -114,14 +116,16 @@ def clause_appendix(clause_id: str, cov: Coverage) -> str:
         cited = cov.of(clause_id, kind)
         if cited:
             parts.append(f"**{KIND_HEADINGS[kind]}** ({len(cited)})\n")
-            parts += [citation_line(c, clause_id) for c in cited] + [""]
+            parts += [citation_line(c, clause_id, root) for c in cited] + [""]
     return "\n".join(parts)
 
 
-def citation_line(citation: Citation, clause_id: str) -> str:
-    if citation.where.endswith("::" + citation.name):  # a test: its path says it all
-        return f"- `{citation.where}`: {citation.how[clause_id]}"
-    return f"- `{citation.name}`: {citation.how[clause_id]} (`{citation.where}`)"
+def citation_line(citation: Citation, clause_id: str, root: str) -> str:
+    path, _, name = citation.where.partition("::")
+    source = f"[{path}]({Path(root, path).as_posix()}) `{name}`"  # Path() keeps an absolute path as it is
+    if name == citation.name:  # a test: its file and name say it all
+        return f"- {source}: {citation.how[clause_id]}"
+    return f"- `{citation.name}`: {citation.how[clause_id]} ({source})"
 
 
 def definition_source(qualified_name: str) -> str:
@@ -186,8 +190,8 @@ def render_html(document: str) -> str:
 def write(out: Path, tests: Path) -> tuple[list[Path], list[str]]:
     """Write spec.md and spec.html into `out`; the paths and the coverage problems."""
     cov = coverage(tests)
-    document = markdown(cov)
     out.mkdir(parents=True, exist_ok=True)
+    document = markdown(cov, os.path.relpath(SOURCE_ROOT, out.resolve()))
     written = [out / "spec.md", out / "spec.html"]
     written[0].write_text(document, encoding="utf-8")
     written[1].write_text(render_html(document), encoding="utf-8")

@@ -44,6 +44,7 @@ def test_chromium_renders_the_spec_and_every_internal_link_resolves(page):
     assert set(load_clauses()) <= dom.ids
     assert len(dom.targets) > 2 * len(load_clauses())
     assert set(dom.targets) <= dom.ids, f"links to no element: {sorted(set(dom.targets) - dom.ids)}"
+    assert dom.files and all((page.parent / target).is_file() for target in dom.files)  # the cited sources
     assert "<title>kvspec: the specification</title>" in result.stdout
 
 
