@@ -24,6 +24,12 @@ def test_built_wheel_imports_every_subpackage(tmp_path):
         assert load_clauses(), "the chapters ship with the wheel"
         from kvspec.adapters.reference import ReferenceAllocatorAdapter
         print(ReferenceAllocatorAdapter(8, 8, 2).alloc_extend([0], [3], [-1]))
+        # the rendered spec, from the wheel's own sources and the checkout's tests
+        from pathlib import Path
+        from kvspec.conformance.spec_view import write
+        written, problems = write(Path("rendered"), Path({str(ROOT / "tests")!r}))
+        assert problems == [], problems
+        assert "sglang-mutant-no-chunk-release" in written[0].read_text(encoding="utf-8")
     """)
     # -S: no site-packages processing, so the editable install of the source tree is
     # invisible; torch and the other dependencies come from the current environment.
