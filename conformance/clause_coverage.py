@@ -99,13 +99,26 @@ def where(path: str | Path, name: str) -> str:
 
 # -- what a function evaluates ---------------------------------------------------------------
 
-def spec_definitions() -> dict[str, object]:
-    """Every module of kvspec.spec and every documented definition in one, by qualified name."""
+@dataclass(frozen=True)
+class SpecIndex:
+    """The qualified names of every module of kvspec.spec and every documented definition
+    in one, and how code reaches them: a module, class or function by identity, a
+    constant by its bare name."""
+
+    names: frozenset[str]
+    by_identity: dict[int, str]
+    constants: dict[str, str]
+
+
+def spec_definitions() -> SpecIndex:
     found = {}
     for module in pkgutil.iter_modules(kvspec.spec.__path__):
         for name in documented_definitions(f"kvspec.spec.{module.name}"):
             found[name] = resolve(name)
-    return found
+    is_object = {name: inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
+                 for name, obj in found.items()}
+    return SpecIndex(frozenset(found), {id(obj): name for name, obj in found.items() if is_object[name]},
+                     {name.rpartition(".")[2]: name for name in found if not is_object[name]})
 
 
 def code_names(code: CodeType) -> set[str]:
@@ -117,14 +130,11 @@ def code_names(code: CodeType) -> set[str]:
     return names
 
 
-def evaluated_definitions(function: Callable, definitions: dict[str, object]) -> set[str]:
+def evaluated_definitions(function: Callable, definitions: SpecIndex) -> set[str]:
     """The spec definitions `function` evaluates: itself if it is one, those its code
     names (as a global, or as an attribute of a module it names), theirs in turn, and the
     modules they live in."""
-    is_object = {name: inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
-                 for name, obj in definitions.items()}
-    by_identity = {id(obj): name for name, obj in definitions.items() if is_object[name]}
-    constants = {name.rpartition(".")[2]: name for name in definitions if not is_object[name]}
+    by_identity, constants = definitions.by_identity, definitions.constants
     found = {by_identity[id(function)]} if id(function) in by_identity else set()
     pending, seen = [function], set()
     while pending:
@@ -141,7 +151,7 @@ def evaluated_definitions(function: Callable, definitions: dict[str, object]) ->
                 if inspect.isfunction(obj):
                     pending.append(obj)
         found |= {constants[n] for n in names if n in constants and n in namespace}
-    return found | {name.rsplit(".", depth)[0] for name in found for depth in (1, 2)} & set(definitions)
+    return found | {name.rsplit(".", depth)[0] for name in found for depth in (1, 2)} & definitions.names
 
 
 def clauses_evaluated(evaluated: set[str], clauses: dict[str, Clause], verb: str = "evaluates") -> dict[str, str]:
@@ -158,7 +168,7 @@ def enforced(evaluated: set[str], clauses: dict[str, Clause]) -> dict[str, str]:
     definition that I3 cites too)."""
     return {c: how for c, how in clauses_evaluated(evaluated, clauses).items() if not re.fullmatch(r"I\d+", c)}
 
-def invariant_checks(clauses: dict[str, Clause], definitions: dict[str, object]) -> Iterator[Citation]:
+def invariant_checks(clauses: dict[str, Clause], definitions: SpecIndex) -> Iterator[Citation]:
     from .checks import ALLOCATOR_CHECKS, ENGINE_CHECKS
     for tier, checks in (("allocator", ALLOCATOR_CHECKS), ("engine", ENGINE_CHECKS)):
         for check in checks:
@@ -190,7 +200,7 @@ def reported_clauses(function: Callable) -> set[str]:
             for element in argument.elts if isinstance(element, ast.Constant)}
 
 
-def harness_checks(clauses: dict[str, Clause], definitions: dict[str, object]) -> Iterator[Citation]:
+def harness_checks(clauses: dict[str, Clause], definitions: SpecIndex) -> Iterator[Citation]:
     for function in harness_functions():
         how = {c: "reports" for c in sorted(reported_clauses(function))}
         how |= {c: "claims it in its docstring" for c in sorted(claims_in(inspect.getdoc(function)))}
@@ -229,7 +239,7 @@ def imported_names(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def called_definitions(node: ast.AST, imported: dict[str, str], definitions: dict[str, object]) -> set[str]:
+def called_definitions(node: ast.AST, imported: dict[str, str], definitions: SpecIndex) -> set[str]:
     """The spec definitions a test's code names: `ceil_page(...)` or `pages.ceil_page(...)`."""
     found = set()
     for child in ast.walk(node):
@@ -237,7 +247,7 @@ def called_definitions(node: ast.AST, imported: dict[str, str], definitions: dic
             found.add(imported[child.id])
         elif isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name) and child.value.id in imported:
             found.add(f"{imported[child.value.id]}.{child.attr}")
-    return found & set(definitions)
+    return found & definitions.names
 
 
 def test_functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef, str]]:
@@ -249,7 +259,7 @@ def test_functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef, str]]:
                         if isinstance(m, ast.FunctionDef) and m.name.startswith("test"))
 
 
-def test_citations(tests: Path, clauses: dict[str, Clause], definitions: dict[str, object]) -> Iterator[Citation]:
+def test_citations(tests: Path, clauses: dict[str, Clause], definitions: SpecIndex) -> Iterator[Citation]:
     for path in sorted(tests.glob("test_*.py")):
         source = path.read_text(encoding="utf-8")
         lines = source.splitlines()

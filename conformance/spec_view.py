@@ -11,7 +11,6 @@ The command exits 1 when the coverage is incomplete (a clause without a check or
 or an id that no chapter has), after writing the documents, which list the problems.
 """
 
-import ast
 import html
 import inspect
 import os
@@ -20,7 +19,14 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
-from kvspec.spec.clauses import CLAUSE_HEADING, CLAUSE_ID, DEFINITIONS_LINE, chapter_names, resolve
+from kvspec.spec.clauses import (
+    CLAUSE_HEADING,
+    CLAUSE_ID,
+    DEFINITIONS_LINE,
+    chapter_names,
+    documented_attributes,
+    resolve,
+)
 
 from .clause_coverage import KINDS, SOURCE_ROOT, Citation, Coverage, coverage, default_tests_folder
 
@@ -43,8 +49,7 @@ def markdown(cov: Coverage, root: str) -> str:
              ("Rendered by `kvspec spec` from the chapters in `spec/`, the definitions they cite and the code "
               "that names each clause (`conformance/clause_coverage.py` says what counts as a check, a test, a "
               "mutant or a divergence).\n"),
-             # the index chapter is the preamble: its own title is the document's
-             chapter(*index, cov, root).split("\n", 4)[4],
+             chapter(*index, cov, root, title=False),  # the preamble: its title is the document's
              "## Contents\n",
              *(f"- [{chapter_title(text)}](#{chapter_anchor(name)})" for name, text in chapters),
              "- [Clause coverage](#coverage)\n"]
@@ -80,7 +85,7 @@ def coverage_matrix(cov: Coverage) -> str:
     return "\n".join(rows) + "\n"
 
 
-def chapter(name: str, text: str, cov: Coverage, root: str) -> str:
+def chapter(name: str, text: str, cov: Coverage, root: str, title: bool = True) -> str:
     """The chapter's own Markdown, one heading level down, with anchors, linked clause
     ids, and each clause's definitions and citations in place of its Definitions line."""
     out, clause_id, in_code = [], None, False
@@ -90,7 +95,7 @@ def chapter(name: str, text: str, cov: Coverage, root: str) -> str:
         if in_code or line.startswith(CODE_FENCE):
             out.append(line)
         elif number == 0:
-            out += [f'<a id="{chapter_anchor(name)}"></a>', "", "#" + line]
+            out += [f'<a id="{chapter_anchor(name)}"></a>', "", "#" + line] if title else []
         elif heading := CLAUSE_HEADING.fullmatch(line.rstrip()):
             clause_id = heading[1]
             out += [f'<a id="{clause_id}"></a>', "", f"#### {clause_id} {heading[2]}"]
@@ -137,13 +142,7 @@ def definition_source(qualified_name: str) -> str:
     if inspect.isroutine(found) or inspect.isclass(found):
         return inspect.getsource(found)
     owner_name, _, attribute = qualified_name.rpartition(".")
-    source = inspect.getsource(resolve(owner_name))
-    body = ast.parse(source).body
-    for statement, following in zip(body, body[1:]):
-        target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
-        if getattr(target, "id", None) == attribute:
-            return "\n".join(ast.get_source_segment(source, node) for node in (statement, following))
-    return f"{attribute} = {found!r}"
+    return documented_attributes(resolve(owner_name))[attribute][1]  # a cited constant claims its clause there
 
 
 # -- HTML ----------------------------------------------------------------------------------------

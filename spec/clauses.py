@@ -121,7 +121,14 @@ def has_own_docstring(obj: object) -> bool:
 def attribute_docstrings(owner: object) -> dict[str, str]:
     """Docstrings written as a string right below an assignment (`NAME = ...` then
     `\"\"\"...\"\"\"`) in a module or class body, by attribute name."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(owner)))
+    return {name: docstring for name, (docstring, _) in documented_attributes(owner).items()}
+
+
+def documented_attributes(owner: object) -> dict[str, tuple[str, str]]:
+    """Per attribute with a docstring below its assignment (attribute_docstrings): the
+    docstring, and the source of the assignment with the docstring."""
+    source = textwrap.dedent(inspect.getsource(owner))
+    tree = ast.parse(source)
     body = tree.body if inspect.ismodule(owner) else tree.body[0].body
     found = {}
     for statement, following in zip(body, body[1:]):
@@ -133,7 +140,8 @@ def attribute_docstrings(owner: object) -> dict[str, str]:
             continue
         if (isinstance(target, ast.Name) and isinstance(following, ast.Expr)
                 and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):
-            found[target.id] = inspect.cleandoc(following.value.value)
+            found[target.id] = (inspect.cleandoc(following.value.value),
+                                "\n".join(ast.get_source_segment(source, node) for node in (statement, following)))
     return found
 
 
