@@ -20,9 +20,12 @@ from kvspec.spec.accounting import AllocatorState, HeldSequence
 from kvspec.spec.invariants import INVARIANT_CLASSES, INVARIANTS
 from kvspec.spec.notation import Violation
 
-OBSERVABLES = ("free_sets", "mapping", "rows", "tree")
+OBSERVABLES = ("free_sets", "mapping", "rows", "tree", "block_pool")
 """free_sets: the free page ids; mapping: the full->SWA mapping; rows: request rows and
-cursors; tree: the prefix tree dump with locks and ledgers."""
+cursors; tree: the prefix tree dump with locks and ledgers; block_pool: one shared block
+pool (spec chapter 08) instead of the two pools, their mapping and the tree."""
+TWO_POOL_OBSERVABLES = ("free_sets", "mapping", "rows", "tree")
+"""What an adapter that declares no `observables` offers: the two-pool model, whole."""
 
 
 class StepFailure(AssertionError):
@@ -113,6 +116,14 @@ _ENGINE_NEEDS = {  # what each engine predicate reads, beyond counts (the tree: 
     "eviction_violations": {"tree"},
     "atomicity_violations": {"rows"},
     "free_group_violations": {"free_sets"},
+    "pool_accounting_violations": {"block_pool"},
+    "reference_count_violations": {"block_pool"},
+    "null_block_violations": {"block_pool"},
+    "table_shape_violations": {"block_pool", "rows"},
+    "window_coverage_violations": {"block_pool"},
+    "window_release_violations": {"block_pool"},
+    "cache_map_violations": {"block_pool"},
+    "event_replay_violations": {"block_pool"},
 }
 ENGINE_CHECKS: tuple[Check, ...] = tuple(
     Check(i.clause, i.invariant_class, i.function, frozenset(_ENGINE_NEEDS[i.function.__name__]), i.needs_previous)

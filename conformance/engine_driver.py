@@ -33,9 +33,13 @@ class EngineDriver:
 
     def snapshot(self) -> EngineSnapshot:
         try:
-            return self.engine.snapshot()
+            snapshot = self.engine.snapshot()
         except Exception as error:
             raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
+        if "block_pool" in self.observables and snapshot.block_pool is None:
+            raise ImplementationCrash("the adapter declares the observable block_pool but its snapshot has none "
+                                      "(EngineSnapshot.block_pool)", ["OBS-1"])
+        return snapshot
 
     def apply(self, step: TraceStep) -> dict[str, Any]:
         """Apply one step, check every invariant, return the observables the spec fixes.
@@ -102,6 +106,9 @@ class EngineDriver:
         self.call("evict", {"full_tokens": config.size_full, "swa_tokens": config.size_swa})
         state = self.previous.allocator
         leaked = (state.full.num_pages - len(state.full.free_pages), state.swa.num_pages - len(state.swa.free_pages))
+        if self.previous.block_pool is not None and leaked != (0, 0):  # one shared pool, shown as `full`
+            raise InvariantViolation(f"after releasing every request, {leaked[0]} real blocks are not free (leak)",
+                                     ["BLOCK-1"])
         if leaked != (0, 0):
             raise InvariantViolation(f"after releasing every request and evicting the whole cache, {leaked[0]} full "
                                      f"and {leaked[1]} SWA pages are not free (leak)", leak_clauses(*leaked))

@@ -26,7 +26,7 @@ from hypothesis.stateful import initialize, precondition, rule
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
-from .checks import OBSERVABLES
+from .checks import TWO_POOL_OBSERVABLES
 from .differential import DifferentialDriver
 from .engine_driver import EngineDriver
 from .recording import RecordingMachine
@@ -38,7 +38,7 @@ MAX_REQUESTS = 4
 
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
-                   capabilities: Iterable[str] = ALL, observables: Iterable[str] = OBSERVABLES,
+                   capabilities: Iterable[str] = ALL, observables: Iterable[str] = TWO_POOL_OBSERVABLES,
                    shadow=None
                    ) -> type[RecordingMachine]:
     P, W = page_size, window

@@ -38,7 +38,7 @@ from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
 from kvspec.spec.window import decode_window_bound, eviction_span_bound, retention
 
 from .allocator_driver import AllocatorDriver
-from .checks import OBSERVABLES, InvariantViolation, StepFailure
+from .checks import TWO_POOL_OBSERVABLES, InvariantViolation, StepFailure
 from .protocol import Adapter
 from .replay import build_driver
 from .trace import Trace
@@ -111,7 +111,7 @@ def window_bound(request: RequestView, config: EngineConfig) -> int | None:
     return bound + (page_size if request.decode_steps < 3 else 0)
 
 
-def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = OBSERVABLES) -> Occupancy:
+def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TWO_POOL_OBSERVABLES) -> Occupancy:
     """The occupancy of an engine snapshot (module docstring), from what the adapter shows."""
     allocator, page_size = snapshot.allocator, snapshot.config.page_size
     requests = [request_holding(r) for r in snapshot.requests]

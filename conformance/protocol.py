@@ -7,7 +7,8 @@ An adapter is any object (a module, a class, an instance) with these attributes:
     capabilities         a collection of CAPABILITIES it has; rules that need one it
                          lacks do not run, and the report says so
     observables          optional: which of kvspec.conformance.checks.OBSERVABLES its
-                         snapshots fill in (default: all); checks that read one it
+                         snapshots fill in (default: the two-pool model's,
+                         TWO_POOL_OBSERVABLES); checks that read one it
                          lacks are reported as skipped, never as passed
     make_allocator       (size_full, size_swa, page_size) -> allocator    allocator tier
     make_engine          (EngineConfig) -> engine                         engine tier
@@ -36,10 +37,11 @@ from typing import Any
 
 from kvspec.spec.window import POLICY_VERSIONS
 
-from .checks import OBSERVABLES
+from .checks import OBSERVABLES, TWO_POOL_OBSERVABLES
 
 BUILT_IN = {"reference": "kvspec.adapters.reference:ADAPTER", "sglang": "kvspec.adapters.sglang:SGLANG",
-            "sglang-python": "kvspec.adapters.sglang:SGLANG_PYTHON"}
+            "sglang-python": "kvspec.adapters.sglang:SGLANG_PYTHON", "vllm": "kvspec.adapters.vllm:VLLM",
+            "vllm-dense": "kvspec.adapters.vllm:VLLM_DENSE"}
 ENTRY_POINT_GROUP = "kvspec.adapters"
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
@@ -68,7 +70,7 @@ class Adapter:
     capabilities: frozenset[str]
     make_allocator: Callable | None
     make_engine: Callable | None
-    observables: frozenset[str] = frozenset(OBSERVABLES)
+    observables: frozenset[str] = frozenset(TWO_POOL_OBSERVABLES)
     spec: str = ""
     """What it was loaded by: a worker process loads it again by this."""
     preload: tuple[str, ...] = ()
@@ -135,7 +137,7 @@ def validate(candidate: Any, spec: str) -> Adapter:
     unknown = sorted(capabilities - set(CAPABILITIES))
     if unknown:
         problems.append(f"unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
-    observables = frozenset(getattr(candidate, "observables", OBSERVABLES))
+    observables = frozenset(getattr(candidate, "observables", TWO_POOL_OBSERVABLES))
     if unknown := sorted(observables - set(OBSERVABLES)):
         problems.append(f"unknown observables {unknown}; known: {', '.join(OBSERVABLES)}")
     make_allocator = getattr(candidate, "make_allocator", None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from kvspec.spec.snapshot import EngineConfig
 
 from .allocator_driver import AllocatorDriver
-from .checks import OBSERVABLES, InvariantViolation, StepFailure, StepNotApplicable, Tally
+from .checks import TWO_POOL_OBSERVABLES, InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
 from .protocol import Adapter, AdapterError
 from .trace import Trace
@@ -66,7 +66,7 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
 
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     """The implementation the trace's configuration describes, behind its tier's driver."""
-    observables = frozenset(getattr(adapter, "observables", OBSERVABLES))
+    observables = frozenset(getattr(adapter, "observables", TWO_POOL_OBSERVABLES))
     config = trace.config
     if trace.tier == "allocator":
         if adapter.make_allocator is None:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, POLICY_VERSIONS, SGLANG_0_5_23, Policy
+from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, TWO_POOL_VERSIONS, Policy
 
 from .allocator_machine import allocator_machine
 from .engine_machine import engine_machine
@@ -96,7 +96,7 @@ def sampled(machine, count: int, seed: int) -> list[tuple[dict, list[TraceStep]]
 
 def random_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
     traces = {}
-    for version in POLICY_VERSIONS:
+    for version in TWO_POOL_VERSIONS:
         for page_size, window, interval in ENGINE_CONFIGS:
             if version == DROP_MARGIN and 1 <= window % page_size <= page_size - 2:
                 continue  # drop-margin breaks I10 here by design (spec 05, WIN-6): no conformant vector

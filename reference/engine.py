@@ -22,7 +22,7 @@ from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_ev
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step
-from kvspec.spec.window import decode_eviction_due, swa_tail_len, validate_window_config
+from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
 from .hybrid import HybridAllocator
@@ -65,6 +65,9 @@ class Engine:
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.max_requests < 1:
             problems.append(f"max_requests must be >= 1 (got {config.max_requests})")
+        if config.policy.version not in TWO_POOL_VERSIONS:
+            problems.append(f"the reference implements the two-pool model ({', '.join(TWO_POOL_VERSIONS)}); "
+                            f"{config.policy.version!r} is a shared block pool, checked by chapter 08's clauses")
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         self.config = config

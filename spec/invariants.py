@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from . import block_pool
 from .accounting import (
     HeldSequence,
     alignment_violations,
@@ -560,6 +561,15 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("I14", "locks", eviction_violations, True),
     Invariant("I15", "atomicity", atomicity_violations, True),
     Invariant("I16", "leak", free_group_violations, False),
+    # one shared block pool (chapter 08): vacuous for an engine that shows none
+    Invariant("BLOCK-1", "leak", block_pool.pool_accounting_violations, False),
+    Invariant("BLOCK-2", "ownership", block_pool.reference_count_violations, False),
+    Invariant("BLOCK-3", "ownership", block_pool.null_block_violations, False),
+    Invariant("BLOCK-4", "alignment", block_pool.table_shape_violations, False),
+    Invariant("BLOCK-5", "window-liveness", block_pool.window_coverage_violations, False),
+    Invariant("BLOCK-6", "window-bound", block_pool.window_release_violations, False),
+    Invariant("BLOCK-7", "mapping", block_pool.cache_map_violations, False),
+    Invariant("BLOCK-8", "mapping", block_pool.event_replay_violations, False),
 )
 
 

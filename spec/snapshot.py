@@ -8,6 +8,7 @@ node ids are opaque (only equality matters), the root is the node whose parent i
 from dataclasses import dataclass
 
 from .accounting import AllocatorState
+from .block_pool import BlockPoolView
 from .notation import Position, SlotId
 from .window import Policy
 
@@ -99,6 +100,9 @@ class EngineSnapshot:
     nodes: tuple[NodeView, ...]
     """Every node, the root included; empty when the engine has no prefix cache."""
     ledgers: Ledgers | None = None
+    block_pool: BlockPoolView | None = None
+    """An engine with one shared block pool (chapter 08) shows it here; its `allocator`
+    then shows that pool as `full` and an empty `swa`, and it has no mapping or tree."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,11 @@ SGLANG_0_5_23 = "sglang-0.5.23"
 DESIGN_MARGIN = "design-margin"
 DROP_MARGIN = "drop-margin"
 NO_PREFIX_SHARING = "no-prefix-sharing"
-POLICY_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING)
+TWO_POOL_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING)
+"""The versions of the two-pool model (chapters 01-07), the reference's."""
+VLLM_0_33 = "vllm-0.33"
+"""One shared block pool (chapter 08): retention W, released at every allocation."""
+POLICY_VERSIONS = (*TWO_POOL_VERSIONS, VLLM_0_33)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from kvspec.adapters.sglang.mutants import (
     active,
 )
 from kvspec.conformance.allocator_machine import allocator_machine
-from kvspec.conformance.checks import OBSERVABLES, ImplementationCrash, InvariantViolation
+from kvspec.conformance.checks import TWO_POOL_OBSERVABLES, ImplementationCrash, InvariantViolation
 from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.engine_machine import engine_machine
 from kvspec.conformance.profiles import profile
@@ -175,8 +175,8 @@ def test_a_patch_stays_inside_its_mutant():
     steps = [TraceStep("admit", {"rid": "r", "prompt": list(range(11))}),
              TraceStep("prefill_chunk", {"rid": "r", "chunk": 10, "token": 0})]
     function = MISSING_PAGE_MARGIN.patch.target()
-    mutant = EngineDriver(load_adapter(MISSING_PAGE_MARGIN.name).make_engine(config), frozenset(OBSERVABLES))
-    unpatched = EngineDriver(load_adapter("sglang-python").make_engine(config), frozenset(OBSERVABLES))
+    mutant = EngineDriver(load_adapter(MISSING_PAGE_MARGIN.name).make_engine(config), frozenset(TWO_POOL_OBSERVABLES))
+    unpatched = EngineDriver(load_adapter("sglang-python").make_engine(config), frozenset(TWO_POOL_OBSERVABLES))
     mutant.apply(steps[0])
     unpatched.apply(steps[0])
     assert function.__code__ is ORIGINAL_CODE[function]

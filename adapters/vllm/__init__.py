@@ -1,0 +1,35 @@
+"""Real vLLM 0.33.0 behind kvspec's adapter protocol (see README, "Checking real vLLM").
+
+`VLLM` drives vLLM's v1 KV cache manager with the prefix-cache retention its engine
+uses by default (`prefix_cache_retention_interval = 0`: a sliding-window group caches
+only the blocks a later hit at the prompt's end can use); `VLLM_DENSE` with dense
+retention (`None`, `KVCacheConfig`'s default: every full block is cached). The engine
+tier only: vLLM has no two-pool allocator to drive. Nothing of vLLM is imported until an
+adapter builds something.
+"""
+
+from functools import partial
+
+from .engine import VllmEngine
+
+CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill")
+"""Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator
+tier only); the two-pool observables are not shown: one shared block pool is."""
+
+
+class VLLM:
+    """vLLM 0.33.0, its engine's default prefix-cache retention (0)."""
+
+    name = "vllm"
+    policy_version = "vllm-0.33"
+    capabilities = CAPABILITIES
+    observables = ("rows", "block_pool")
+    preload = "kvspec.adapters.vllm.preload"
+    make_engine = staticmethod(partial(VllmEngine, retention=0))
+
+
+class VLLM_DENSE(VLLM):
+    """vLLM 0.33.0 with dense prefix-cache retention (None)."""
+
+    name = "vllm-dense"
+    make_engine = staticmethod(partial(VllmEngine, retention=None))

@@ -1,0 +1,44 @@
+"""Importing real vLLM 0.33.0's v1 KV cache manager on a CPU-only machine.
+
+The manager is pure Python; nothing of vLLM's CUDA extensions is loaded on the paths
+kvspec drives, and no model, GPU or `VllmConfig` is needed. Two pieces of global state
+are set once: vLLM's loggers are quieted (a refused `reset_prefix_cache` warns), and the
+seed of the chained block hashes (`init_none_hash`) is set, as vLLM's engine does before
+it builds any request.
+
+Everything is imported here once, so the adapter reads one namespace and the forkserver
+can preload it (preload.py). Importing takes 5-8 s.
+"""
+
+import logging
+import os
+import types
+from functools import cache
+
+
+class VllmMissing(ImportError):
+    """vLLM is not installed, or not importable here."""
+
+
+@cache
+def vllm() -> types.SimpleNamespace:
+    """vLLM's KV cache manager classes, imported once per process."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import torch
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_utils import (get_block_hash, get_group_id, get_request_block_hasher,
+                                                 init_none_hash, maybe_convert_block_hash)
+        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+        from vllm.v1.request import Request, RequestStatus
+    except ImportError as error:
+        raise VllmMissing(f"cannot import vLLM's KV cache manager ({error}); install it with "
+                          f"`pip install --no-deps -r adapters/vllm/requirements.txt` (README, "
+                          f"\"Checking real vLLM\")") from error
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    init_none_hash(sha256)  # before any Request with a block hasher is built
+    return types.SimpleNamespace(**{name: value for name, value in locals().items() if name != "error"})

@@ -1,0 +1,320 @@
+"""One shared block pool [BLOCK-1 .. BLOCK-8]: the KV-cache model of vLLM's v1 manager.
+
+Where SGLang keeps a full and an SWA pool joined by a mapping, and a radix tree of
+prefixes, vLLM keeps one pool of blocks for every layer group, a positional block table
+per request and group, reference counts, and a map from chained block hashes to cached
+blocks. A sliding-window table releases its leading blocks by replacing them with the
+null block. These predicates read a `BlockPoolView` of such an engine (plain data, no
+vLLM) beside the engine snapshot's request rows, and return the `Violation`s they find.
+
+The window follows the spec's convention (chapter 05): a token reads the `window`
+tokens before it. vLLM's `sliding_window` counts the token itself, so an engine built
+with `sliding_window = window + 1` is the spec's `window`.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .notation import Violation
+from .pages import pages_for
+
+NULL_BLOCK = 0
+"""The id of the null block: it stands in a table for a block the request does not hold."""
+FULL, SWA = "full", "swa"
+"""The kinds of layer group."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """[BLOCK-1] One block of the pool: how many tables hold it, and its prefix-cache key."""
+
+    block_id: int
+    ref_cnt: int
+    block_hash: tuple[int, int] | None = None
+    """(hash, group id) while the block is cached, else None."""
+
+
+@dataclass(frozen=True)
+class RequestBlocks:
+    """[BLOCK-4] One request's block tables, one per group, and its last allocation."""
+
+    rid: str
+    tables: tuple[tuple[int, ...], ...]
+    """Per group, the block of each `block_size` tokens; NULL_BLOCK where released."""
+    processed: int
+    """p: the tokens already computed when its last allocation ran (its window's end)."""
+    slots: int
+    """N: the tokens it has slots for after that allocation."""
+
+
+@dataclass(frozen=True)
+class BlockPoolView:
+    """[BLOCK-1] Everything observable of a block pool between two operations."""
+
+    block_size: int
+    window: int
+    """Tokens before the current one that a sliding-window layer reads (spec convention)."""
+    groups: tuple[str, ...]
+    """The kind of each layer group, by group id: FULL or SWA."""
+    blocks: tuple[Block, ...]
+    """Every block, by id; blocks[NULL_BLOCK] is the null block."""
+    free_queue: tuple[int, ...]
+    """The free blocks, in the order they are reused."""
+    requests: tuple[RequestBlocks, ...]
+    """Every request that has a block table."""
+    cache_map: tuple[tuple[int, int, int], ...]
+    """The prefix cache: (hash, group id, block id) entries."""
+    replayed_map: tuple[tuple[int, int, int], ...] | None = None
+    """(hash, group id, count): the keys that replaying the engine's KV events from the
+    start leaves, each with how many more times it was stored than removed (below 0 for
+    a key removed more often than stored); None for an engine that publishes none."""
+
+
+def released_swa_blocks(processed: int, window: int, block_size: int) -> int:
+    """[BLOCK-5, BLOCK-6] How many leading blocks of a sliding-window table are released
+    (the null block) after an allocation that ran with `processed` tokens computed: the
+    whole blocks before position `processed - window`, the first one the next token reads.
+
+    pre: processed >= 0 and window >= 1 and block_size >= 1
+    post: __return__ >= 0
+    post: __return__ * block_size <= max(0, processed - window)
+    post: (__return__ + 1) * block_size > processed - window
+    """
+    return max(0, processed - window) // block_size
+
+
+def swa_block_bound(window: int, new_tokens: int, block_size: int) -> int:
+    """[BLOCK-6] The most real blocks a sliding-window table holds right after an
+    allocation of `new_tokens` slots: one block of rounding plus the window and the new
+    tokens, `1 + cdiv(window - 1 + new_tokens, block_size)`. It is tight: some
+    `processed` reaches it (vLLM's own sizing, `max_admission_blocks_per_request`, is
+    one block more when `(window - 1 + new_tokens) % block_size == 0`).
+
+    pre: window >= 1 and new_tokens >= 0 and block_size >= 1
+    post: __return__ >= 1
+    """
+    return 1 + pages_for(window - 1 + new_tokens, block_size)
+
+
+def held_swa_blocks(processed: int, slots: int, window: int, block_size: int) -> int:
+    """[BLOCK-6] The real blocks of a sliding-window table after an allocation: its
+    `cdiv(slots, block_size)` entries less the released ones. Never above the bound.
+
+    pre: 0 <= processed <= slots and window >= 1 and block_size >= 1
+    post: __return__ >= 0
+    post: __return__ <= swa_block_bound(window, slots - processed, block_size)
+    """
+    return pages_for(slots, block_size) - released_swa_blocks(processed, window, block_size)
+
+
+def null_prefix_length(table: tuple[int, ...]) -> int:
+    """[BLOCK-3] How many entries at the head of a table are the null block."""
+    length = 0
+    while length < len(table) and table[length] == NULL_BLOCK:
+        length += 1
+    return length
+
+
+def table_references(view: BlockPoolView) -> Counter:
+    """[BLOCK-2] How many table entries hold each real block, over every request and group."""
+    return Counter(block for request in view.requests for table in request.tables for block in table
+                   if block != NULL_BLOCK)
+
+
+# -- the predicates -------------------------------------------------------------------------
+
+def pool_accounting_violations(now) -> list[Violation]:
+    """[BLOCK-1] The free queue holds each real block at most once and never the null
+    block; a real block is free exactly when no table holds it (ref count 0), so
+    free + used + 1 (the null block) == the pool."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    queued = Counter(view.free_queue)
+    for block, count in sorted(queued.items()):
+        if not 0 < block < len(view.blocks):
+            found.append(Violation("BLOCK-1", f"block {block} in the free queue is not a real block of the pool "
+                                              f"(1..{len(view.blocks) - 1})"))
+        elif count > 1:
+            found.append(Violation("BLOCK-1", f"block {block} is {count} times in the free queue"))
+    for block in view.blocks[1:]:
+        free = block.block_id in queued
+        if free != (block.ref_cnt == 0):
+            found.append(Violation("BLOCK-1", f"block {block.block_id} has ref count {block.ref_cnt} and is "
+                                              f"{'' if free else 'not '}in the free queue"))
+    return found
+
+
+def reference_count_violations(now) -> list[Violation]:
+    """[BLOCK-2] Each block's reference count is the number of table entries that hold
+    it, and every table that holds it is of one group."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    references = table_references(view)
+    for block in view.blocks[1:]:
+        if block.ref_cnt != references[block.block_id]:
+            found.append(Violation("BLOCK-2", f"block {block.block_id} has ref count {block.ref_cnt} but "
+                                              f"{references[block.block_id]} table entries hold it"))
+    groups_of: dict[int, set[int]] = {}
+    for request in view.requests:
+        for group, table in enumerate(request.tables):
+            for block in table:
+                if block != NULL_BLOCK:
+                    groups_of.setdefault(block, set()).add(group)
+    for block, groups in sorted(groups_of.items()):
+        if len(groups) > 1:
+            found.append(Violation("BLOCK-2", f"block {block} is held by tables of groups {sorted(groups)}"))
+    return found
+
+
+def null_block_violations(now) -> list[Violation]:
+    """[BLOCK-3] The null block is never free, never cached and never counted; it stands
+    only in sliding-window tables, and only as a prefix of one."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    null = view.blocks[NULL_BLOCK]
+    if NULL_BLOCK in view.free_queue:
+        found.append(Violation("BLOCK-3", "the null block is in the free queue"))
+    if null.block_hash is not None or any(entry[2] == NULL_BLOCK for entry in view.cache_map):
+        found.append(Violation("BLOCK-3", "the null block is in the prefix cache"))
+    if null.ref_cnt != 0:
+        found.append(Violation("BLOCK-3", f"the null block has ref count {null.ref_cnt}"))
+    for request in view.requests:
+        for group, table in enumerate(request.tables):
+            nulls = table.count(NULL_BLOCK)
+            if nulls and view.groups[group] != SWA:
+                found.append(Violation("BLOCK-3", f"request {request.rid}: its {view.groups[group]} table holds the "
+                                                  f"null block {nulls} times"))
+            elif nulls != null_prefix_length(table):
+                found.append(Violation("BLOCK-3", f"request {request.rid}: null blocks in its SWA table are not a "
+                                                  f"prefix: {list(table)}"))
+    return found
+
+
+def table_shape_violations(now) -> list[Violation]:
+    """[BLOCK-4] A request has a table in every group exactly while it holds KV, each of
+    `cdiv(kv_allocated_len, block_size)` entries, and the allocation it records is the
+    one its row shows."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    rows = {r.rid: r for r in now.requests}
+    for request in view.requests:
+        row = rows.get(request.rid)
+        if row is None:
+            found.append(Violation("BLOCK-4", f"request {request.rid} holds no KV but has block tables "
+                                              f"{[list(t) for t in request.tables]}"))
+            continue
+        if request.slots != row.kv_allocated_len or request.processed > request.slots:
+            found.append(Violation("BLOCK-4", f"request {request.rid}: its last allocation ({request.processed} "
+                                              f"computed, {request.slots} slots) is not its row "
+                                              f"(kv_allocated_len {row.kv_allocated_len})"))
+        if len(request.tables) != len(view.groups):
+            found.append(Violation("BLOCK-4", f"request {request.rid} has {len(request.tables)} tables for "
+                                              f"{len(view.groups)} groups"))
+        expected = pages_for(row.kv_allocated_len, view.block_size)
+        for group, table in enumerate(request.tables):
+            if len(table) != expected:
+                found.append(Violation("BLOCK-4", f"request {request.rid}: its group {group} table has {len(table)} "
+                                                  f"entries for {row.kv_allocated_len} slots (expected {expected})"))
+    tabled = {request.rid for request in view.requests}
+    for rid in sorted(set(rows) - tabled):
+        if rows[rid].kv_allocated_len:
+            found.append(Violation("BLOCK-4", f"request {rid} holds {rows[rid].kv_allocated_len} slots but no table"))
+    return found
+
+
+def swa_tables(view: BlockPoolView):
+    """(request, its SWA table) for every request and sliding-window group."""
+    return [(request, table) for request in view.requests
+            for group, table in enumerate(request.tables) if view.groups[group] == SWA]
+
+
+def window_coverage_violations(now) -> list[Violation]:
+    """[BLOCK-5] Nothing the next token reads is released: a sliding-window table's null
+    prefix is at most `released_swa_blocks(processed)` long."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    for request, table in swa_tables(view):
+        released = null_prefix_length(table)
+        allowed = released_swa_blocks(request.processed, view.window, view.block_size)
+        if released > allowed:
+            found.append(Violation("BLOCK-5", f"request {request.rid}: {released} leading SWA blocks released, but "
+                                              f"after {request.processed} tokens the window (W={view.window}) "
+                                              f"reads from block {allowed}: {list(table)}"))
+    return found
+
+
+def window_release_violations(now) -> list[Violation]:
+    """[BLOCK-6] Everything the next token does not read is released at each allocation:
+    the null prefix is exactly `released_swa_blocks(processed)` long, so the table holds
+    `held_swa_blocks` real blocks, at most `swa_block_bound(window, slots - processed)`."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    for request, table in swa_tables(view):
+        released = null_prefix_length(table)
+        due = released_swa_blocks(request.processed, view.window, view.block_size)
+        held = len(table) - released
+        bound = swa_block_bound(view.window, max(0, request.slots - request.processed), view.block_size)
+        if released < due or held > bound:
+            found.append(Violation("BLOCK-6", f"request {request.rid}: holds {held} SWA blocks ({released} released, "
+                                              f"{due} due after {request.processed} tokens; at most {bound} for "
+                                              f"{request.slots - request.processed} new tokens): {list(table)}"))
+    return found
+
+
+def cache_map_violations(now) -> list[Violation]:
+    """[BLOCK-7] The prefix-cache map and the blocks agree: each entry's block carries its
+    key, each cached block has its entry, and a cached block held by a table is held by a
+    table of its key's group."""
+    view = now.block_pool
+    if view is None:
+        return []
+    found = []
+    entries = set(view.cache_map)
+    for key_hash, group, block in sorted(entries):
+        if not 0 <= block < len(view.blocks):
+            found.append(Violation("BLOCK-7", f"cache entry ({key_hash:#x}, group {group}) names block {block}, "
+                                              f"not a block of the pool"))
+        elif view.blocks[block].block_hash != (key_hash, group):
+            found.append(Violation("BLOCK-7", f"cache entry ({key_hash:#x}, group {group}) names block {block}, "
+                                              f"whose key is {view.blocks[block].block_hash}"))
+    for block in view.blocks:
+        if block.block_hash is not None and (*block.block_hash, block.block_id) not in entries:
+            found.append(Violation("BLOCK-7", f"block {block.block_id} is cached as {block.block_hash} but the map "
+                                              f"has no such entry"))
+    for request in view.requests:
+        for group, table in enumerate(request.tables):
+            for block in table:
+                key = view.blocks[block].block_hash if 0 <= block < len(view.blocks) else None
+                if block != NULL_BLOCK and key is not None and key[1] != group:
+                    found.append(Violation("BLOCK-7", f"request {request.rid}: block {block} of its group {group} "
+                                                      f"table is cached for group {key[1]}"))
+    return found
+
+
+def event_replay_violations(now) -> list[Violation]:
+    """[BLOCK-8] Replaying the engine's KV events (stored, removed, all cleared) gives the
+    prefix-cache map's keys, each as many times as the map holds it: a consumer of the
+    events alone knows what is cached."""
+    view = now.block_pool
+    if view is None or view.replayed_map is None:
+        return []
+    replayed = {(h, g): count for h, g, count in view.replayed_map if count}
+    mapped = dict(Counter((h, g) for h, g, _ in view.cache_map))
+    differ = sorted(key for key in replayed.keys() | mapped.keys() if replayed.get(key, 0) != mapped.get(key, 0))
+    if not differ:
+        return []
+    shown = ", ".join(f"({h:#x}, group {g}): events {replayed.get((h, g), 0)}, map {mapped.get((h, g), 0)}"
+                      for h, g in differ[:4])
+    return [Violation("BLOCK-8", f"replaying the KV events does not give the map: {len(differ)} keys differ; {shown}")]
