@@ -1,10 +1,7 @@
-"""Every known place where real SGLang 0.5.23 differs from kvspec's spec.
-
-Each entry names the clauses it breaks, the adapters it shows on, a minimal trace
-(`divergences/<id>.jsonl`, steps with the reference's expectations, the diverging step
-marked) and why. `tests/test_sglang_divergences.py` replays every trace on every adapter
-it names and requires the divergence to still reproduce, so an upstream fix is noticed
-(and the entry then goes). Nothing here loosens a check:
+"""Every known place where real SGLang 0.5.23 differs from kvspec's spec
+(kvspec.adapters.divergence: what an entry is). `tests/test_sglang_divergences.py`
+replays every trace (`divergences/<id>.jsonl`) on every adapter it names and requires
+the divergence to still reproduce. Nothing here loosens a check:
 
 - divergences a `kvspec check` would otherwise hit at once are steered around by
   capabilities the sglang adapters do not declare (`refuses_misuse`,
@@ -17,48 +14,24 @@ below (needs SGLang installed); it refuses to write one that does not reproduce.
 """
 
 import sys
-from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
-from kvspec.conformance.protocol import load_adapter
-from kvspec.conformance.replay import replay, with_expectations
-from kvspec.conformance.trace import Trace, TraceStep, engine_config_json, load
+from kvspec.adapters.divergence import KnownDivergence, main
+from kvspec.conformance.trace import engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, Policy
 
 FOLDER = Path(__file__).parent / "divergences"
 BOTH = ("sglang", "sglang-python")
-
-
-@dataclass(frozen=True)
-class KnownDivergence:
-    id: str
-    clauses: tuple[str, ...]
-    title: str
-    explanation: str
-    upstream: str
-    """Where the behaviour lives in SGLang 0.5.23 (sglang/srt/...), or an upstream reference."""
-    tier: str
-    config: dict
-    steps: tuple[tuple[str, dict], ...]
-    adapters: tuple[str, ...] = BOTH
-    steered_by: str = ""
-    """The capability the sglang adapters leave out so that `kvspec check` does not stop here."""
-    differential: bool = False
-    """Seen only against the reference's expectations (OBS-3)."""
-
-    @property
-    def path(self) -> Path:
-        return FOLDER / f"{self.id}.jsonl"
-
-    def trace(self) -> Trace:
-        return load(self.path)
+SglangDivergence = partial(KnownDivergence, adapters=BOTH, folder=FOLDER)
+"""Upstream paths are SGLang 0.5.23's (sglang/srt/...)."""
 
 
 def misuse(id: str, op: str, args: dict, what: str, upstream: str, page_size: int = 4,
            setup: tuple = ()) -> KnownDivergence:
     P = page_size
-    return KnownDivergence(
+    return SglangDivergence(
         id, ("ALLOC-6",), f"accepts a free of {what}",
         f"With its invariant checks off (SGLANG_INVARIANT_CHECK unset, the default), SGLang's hybrid allocator "
         f"accepts a free of {what} and changes its free lists; the spec requires InvalidFree and no change. "
@@ -88,7 +61,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
            "as slot 0 and the padding page goes into the SWA free list",
            "mem_cache/allocator/swa.py:532-575 _free_swa_pages (expect _SWA_PEER_MAPPED)",
            setup=(("release_swa", {"sequence": 0, "pages": 1, "set_shaped": False}),)),
-    KnownDivergence(
+    SglangDivergence(
         "SGL-6", ("ALLOC-4",), "a failed alloc_decode keeps the full page it took",
         "alloc_decode runs the full sub-allocator, then the SWA one; when only the SWA pool is out of pages it "
         "returns None but the full page it took is neither returned nor mapped: a leak (I2) unless the caller "
@@ -97,7 +70,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "mem_cache/allocator/swa.py:430-465 alloc_decode",
         "allocator", {"page_size": 4, "size_full": 32, "size_swa": 4},
         (("new_sequence", {"length": 4}), ("decode", {"sequence": 0})), steered_by="atomic_alloc_decode"),
-    KnownDivergence(
+    SglangDivergence(
         "SGL-7", ("OBS-3", "LIFE-7", "TREE-5"), "eviction for an allocation counts what the full eviction frees",
         "An extend one page short in both pools: SGLang's allocation path evicts until each pool's available size "
         "reaches its target (evict_to_free_tokens -> evict_for_alloc, for the conservative demand extend + one "
@@ -111,7 +84,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         (("admit", {"rid": "a", "prompt": list(range(12))}), ("prefill_chunk", {"rid": "a", "chunk": 12, "token": 0}),
          ("finish", {"rid": "a", "trim": 0}), ("admit", {"rid": "b", "prompt": list(range(100, 124))}),
          ("prefill_chunk", {"rid": "b", "chunk": 24, "token": 0})), differential=True),
-    KnownDivergence(
+    SglangDivergence(
         "SGL-8", ("OBS-3", "LIFE-4"), "a checkpoint after a match into an SWA tombstone inserts only up to the branch",
         "A request whose admission match ran past its SWA-valid prefix into an SWA tombstone (the full KV matched "
         "further) gets swa_branching_seqlen; its checkpoint then inserts [0, branch) only, recovers the tombstone "
@@ -130,24 +103,5 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
 )
 
 
-def record(divergence: KnownDivergence) -> Path:
-    """Write the divergence's trace: its steps with the reference's expectations, the
-    step where the first adapter it names diverges marked with what it broke."""
-    steps = tuple(TraceStep(op, args) for op, args in divergence.steps)
-    trace = Trace(divergence.tier, divergence.config, divergence.adapters[0], steps,
-                  label=f"{divergence.id}: {divergence.title}", description=divergence.explanation)
-    trace = with_expectations(trace, load_adapter("reference"))
-    result = replay(trace, load_adapter(divergence.adapters[0]))
-    if result.failure is None:
-        raise SystemExit(f"{divergence.id} does not reproduce on {divergence.adapters[0]}: {result.verdict()}")
-    marked = list(trace.steps)
-    marked[result.stopped_at] = replace(marked[result.stopped_at], violated=result.failure.clauses
-                                        or (result.failure.kind,), message=str(result.failure))
-    return replace(trace, steps=tuple(marked[:result.stopped_at + 1])).save(divergence.path)
-
-
 if __name__ == "__main__":
-    chosen = set(sys.argv[1:])
-    for divergence in KNOWN_DIVERGENCES:
-        if not chosen or divergence.id in chosen:
-            print(f"{divergence.id}: {record(divergence)}")
+    main(KNOWN_DIVERGENCES, sys.argv[1:])

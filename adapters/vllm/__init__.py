@@ -33,3 +33,11 @@ class VLLM_DENSE(VLLM):
 
     name = "vllm-dense"
     make_engine = staticmethod(partial(VllmEngine, retention=None))
+
+
+class VLLM_REPORT_FULL(VLLM):
+    """vLLM 0.33.0 whose requests ask for `kv_cache_report_mode="full"` KV events: known
+    divergence VLLM-1 (BLOCK-8). Not a built-in: `--adapter kvspec.adapters.vllm:VLLM_REPORT_FULL`."""
+
+    name = "vllm-report-full"
+    make_engine = staticmethod(partial(VllmEngine, retention=0, report_mode="full"))

@@ -46,7 +46,7 @@ MAX_TOKENS = 1 << 30
 
 
 class VllmEngine:
-    def __init__(self, config: EngineConfig, retention: int | None):
+    def __init__(self, config: EngineConfig, retention: int | None, report_mode: str | None = None):
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.policy.version != VLLM_0_33:
             problems.append(f"vLLM 0.33.0 implements policy {VLLM_0_33!r}, not {config.policy.version!r}")
@@ -72,6 +72,8 @@ class VllmEngine:
         self.groups = tuple(SWA if isinstance(m, v.SlidingWindowManager) else FULL for m in managers)
         self.managers = managers
         self.hasher = v.get_request_block_hasher(bs, v.sha256)
+        self.sampling = v.SamplingParams(max_tokens=MAX_TOKENS, extra_args=report_mode and {
+            "kv_cache_report_mode": report_mode})  # a request option of vLLM's KV events
         self.requests: dict[str, object] = {}
         self.allocation: dict[str, tuple[int, int]] = {}
         """Per request, (tokens computed, slots) of its last allocate_slots call."""
@@ -126,8 +128,7 @@ class VllmEngine:
         else:
             if not prompt:
                 raise InvalidRequest(f"request {rid!r} has no tokens; a prompt needs at least one")
-            req = v.Request(rid, list(prompt), v.SamplingParams(max_tokens=MAX_TOKENS), None,
-                            block_hasher=self.hasher)
+            req = v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
         if req.num_tokens + 1 > self.config.size_full:
             raise InvalidRequest(f"request {rid!r}: {req.num_tokens} tokens cannot fit the full pool of "
                                  f"{self.config.size_full}")
