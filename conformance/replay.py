@@ -62,6 +62,9 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["free_groups"] = True
     factory = adapter.make_allocator if trace.tier == "allocator" else adapter.make_engine
     unmet = [] if factory is not None else [f"the {trace.tier} tier"]
+    version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
+    if (version in TWO_POOL_VERSIONS) != (adapter.policy_version in TWO_POOL_VERSIONS):  # WIN-1: another model
+        unmet.append(f"policy version {version} (it implements {adapter.policy_version})")
     return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in adapter.capabilities]
 
 

@@ -141,3 +141,16 @@ def test_a_missing_vllm_says_how_to_install_it(monkeypatch):
             load_adapter("vllm").make_engine(EngineConfig(4, 6, 64, 32, 4, Policy(VLLM_0_33)))
     finally:
         runtime.vllm.cache_clear()
+
+
+def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
+    """[WIN-1] kvspec's conformance vectors are the reference's, of the two-pool policy
+    versions: replaying them on vLLM skips each with the reason, and exits 0."""
+    vectors = tmp_path / "vectors"
+    subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "vectors", "--out", str(vectors)],
+                   check=True, capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "replay", str(vectors), "--adapter", "vllm"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "lacks policy version sglang-0.5.23 (it implements vllm-0.33)" in done.stdout
+    assert "0 of 0 trace(s) replayed" in done.stdout
