@@ -19,7 +19,7 @@ from .notation import Violation
 from .pages import pages_for
 
 NULL_BLOCK = 0
-"""The id of the null block: it stands in a table for a block the request does not hold."""
+"""[BLOCK-3] The id of the null block: it stands in a table for a block the request does not hold."""
 FULL, SWA = "full", "swa"
 """The kinds of layer group."""
 
@@ -138,6 +138,9 @@ def pool_accounting_violations(now) -> list[Violation]:
                                               f"(1..{len(view.blocks) - 1})"))
         elif count > 1:
             found.append(Violation("BLOCK-1", f"block {block} is {count} times in the free queue"))
+    for index, block in enumerate(view.blocks):
+        if block.block_id != index:
+            found.append(Violation("BLOCK-1", f"the pool's block {index} shows id {block.block_id}"))
     for block in view.blocks[1:]:
         free = block.block_id in queued
         if free != (block.ref_cnt == 0):
@@ -189,7 +192,7 @@ def null_block_violations(now) -> list[Violation]:
             nulls = table.count(NULL_BLOCK)
             if nulls and view.groups[group] != SWA:
                 found.append(Violation("BLOCK-3", f"request {request.rid}: its {view.groups[group]} table holds the "
-                                                  f"null block {nulls} times"))
+                                                  f"null block ({nulls} of its entries)"))
             elif nulls != null_prefix_length(table):
                 found.append(Violation("BLOCK-3", f"request {request.rid}: null blocks in its SWA table are not a "
                                                   f"prefix: {list(table)}"))
@@ -198,8 +201,9 @@ def null_block_violations(now) -> list[Violation]:
 
 def table_shape_violations(now) -> list[Violation]:
     """[BLOCK-4] A request has a table in every group exactly while it holds KV, each of
-    `cdiv(kv_allocated_len, block_size)` entries, and the allocation it records is the
-    one its row shows."""
+    `cdiv(kv_allocated_len, block_size)` entries naming blocks of the pool, and the
+    allocation it records is the one its row shows: it ran with at most the tokens
+    computed since (`processed <= kv_committed_len`) and left `kv_allocated_len` slots."""
     view = now.block_pool
     if view is None:
         return []
@@ -211,10 +215,10 @@ def table_shape_violations(now) -> list[Violation]:
             found.append(Violation("BLOCK-4", f"request {request.rid} holds no KV but has block tables "
                                               f"{[list(t) for t in request.tables]}"))
             continue
-        if request.slots != row.kv_allocated_len or request.processed > request.slots:
+        if request.slots != row.kv_allocated_len or request.processed > row.kv_committed_len:
             found.append(Violation("BLOCK-4", f"request {request.rid}: its last allocation ({request.processed} "
-                                              f"computed, {request.slots} slots) is not its row "
-                                              f"(kv_allocated_len {row.kv_allocated_len})"))
+                                              f"computed, {request.slots} slots) is not its row (kv_committed_len "
+                                              f"{row.kv_committed_len}, kv_allocated_len {row.kv_allocated_len})"))
         if len(request.tables) != len(view.groups):
             found.append(Violation("BLOCK-4", f"request {request.rid} has {len(request.tables)} tables for "
                                               f"{len(view.groups)} groups"))
@@ -223,6 +227,9 @@ def table_shape_violations(now) -> list[Violation]:
             if len(table) != expected:
                 found.append(Violation("BLOCK-4", f"request {request.rid}: its group {group} table has {len(table)} "
                                                   f"entries for {row.kv_allocated_len} slots (expected {expected})"))
+            if outside := sorted({block for block in table if not 0 <= block < len(view.blocks)}):
+                found.append(Violation("BLOCK-4", f"request {request.rid}: its group {group} table names blocks "
+                                                  f"{outside}, not blocks of the pool (0..{len(view.blocks) - 1})"))
     tabled = {request.rid for request in view.requests}
     for rid in sorted(set(rows) - tabled):
         if rows[rid].kv_allocated_len:
@@ -310,7 +317,7 @@ def event_replay_violations(now) -> list[Violation]:
     view = now.block_pool
     if view is None or view.replayed_map is None:
         return []
-    replayed = {(h, g): count for h, g, count in view.replayed_map if count}
+    replayed = {(h, g): count for h, g, count in view.replayed_map}
     mapped = dict(Counter((h, g) for h, g, _ in view.cache_map))
     differ = sorted(key for key in replayed.keys() | mapped.keys() if replayed.get(key, 0) != mapped.get(key, 0))
     if not differ:

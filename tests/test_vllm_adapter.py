@@ -23,7 +23,7 @@ from kvspec.adapters.vllm import runtime
 from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.protocol import AdapterError, load_adapter
 from kvspec.reference.engine import Engine
-from kvspec.spec.block_pool import NULL_BLOCK, SWA
+from kvspec.spec.block_pool import NULL_BLOCK, SWA, swa_block_bound
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, VLLM_0_33, Policy
@@ -84,6 +84,8 @@ def test_the_view_is_vllms_own_state_the_digests_scripted_trace():
         (53, [".", ".", ".", ".", ".", ".", 15, 16]),
         (51, [".", ".", ".", ".", ".", ".", 15, 16, 18]),
     ]
+    # decode: 3 real SWA blocks, the tight bound 1 + cdiv(W, block_size) reached
+    assert len([b for b in seen[4][1] if b != "."]) == swa_block_bound(7, 1, 4) == 3
     full = next(r for r in d.previous.block_pool.requests if r.rid == "A").tables[0]
     row = next(r for r in d.previous.requests if r.rid == "A").row
     assert row == tuple(full[i // 4] * 4 + i % 4 for i in range(33))  # slot = block * block_size + offset
