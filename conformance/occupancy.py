@@ -1,5 +1,5 @@
-"""Pictures of a run: how full the full and SWA pools are after each step, and who holds
-their pages.
+"""Pictures of a run: how full the full and SWA pools (or the one shared block pool) are
+after each step, and who holds their pages (blocks).
 
 The occupancy of an engine snapshot splits each pool's pages by holder, with the spec's
 own definitions of who holds what (spec.invariants, the I2/I3 conservation):
@@ -21,6 +21,24 @@ On the SWA panel two lines measure the window bound of WIN-5, which I9 checks, i
 (see `window_span` and `window_bound`): what the running requests keep from where their
 live SWA starts, and the most the spec lets them keep.
 
+An engine with one shared block pool (spec chapter 08: its snapshots have a
+`block_pool`) has no two pools, tree or mapping; its picture splits the pool's real
+blocks (the null block is not drawn) by holder too, from the BlockPoolView alone:
+
+  * held by full-attention tables, held by sliding-window tables: a block whose ref
+    count is above 0 and which tables of that kind of group hold;
+  * cached and free (evictable, a prefix hit can still take it back: vLLM evicts
+    lazily), and free: a block in the free queue, ref count 0, no table holding it,
+    with a block hash or without;
+  * unaccounted: anything else, which breaks BLOCK-1 or BLOCK-2 (a ref count with no
+    table behind it, a leak; a block neither free nor counted; tables of both kinds).
+
+Below it, in blocks, the window lines of BLOCK-6: the real blocks of the requests'
+sliding-window tables and `swa_block_bound(window, slots - processed)` (the most a
+table may hold after its last allocation), each summed over the requests. The sum
+counts a block that two requests share (a prefix hit) once per request, as the bound
+does; the band above counts it once.
+
 A timeline replays a trace through its tier's driver and records the occupancy after
 each step. It goes on past a step that breaks an invariant, recording the clauses, and
 stops at a crash or a step the implementation cannot apply. `draw` turns it into a
@@ -32,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.spec.accounting import HeldSequence, held_full_pages, held_swa_pages
+from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolView, swa_block_bound
 from kvspec.spec.invariants import node_holding, non_root_nodes, request_holding
 from kvspec.spec.pages import ceil_page
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
@@ -46,9 +65,16 @@ from .trace import Trace
 PRIVATE, PROTECTED, EVICTABLE = "request-private", "tree-protected", "tree-evictable"
 CALLER = "held by the caller"
 NOT_ATTRIBUTED, UNACCOUNTED, FREE = "held (not attributed)", "unaccounted (free group or leak)", "free"
-CATEGORIES = (PRIVATE, PROTECTED, EVICTABLE, CALLER, NOT_ATTRIBUTED, UNACCOUNTED, FREE)
+FULL_TABLES, SWA_TABLES = "held by full-attention tables", "held by sliding-window tables"
+BLOCKS_UNACCOUNTED, CACHED_FREE = "unaccounted (BLOCK-1, BLOCK-2)", "cached and free (evictable)"
+"""The categories of a shared block pool's blocks (FREE too)."""
+CATEGORIES = (PRIVATE, PROTECTED, EVICTABLE, CALLER, FULL_TABLES, SWA_TABLES, NOT_ATTRIBUTED, UNACCOUNTED,
+              BLOCKS_UNACCOUNTED, CACHED_FREE, FREE)
 """Bottom to top, as drawn."""
-COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#dd8452", "#f3c89b", "#8172b3", "#9a9a9a", "#c44e52", "#ececec")))
+COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#dd8452", "#f3c89b", "#8172b3", "#4c72b0", "#55a868", "#9a9a9a",
+                               "#c44e52", "#c44e52", "#f3c89b", "#ececec")))
+SWA_BLOCKS = "swa blocks"
+"""The panel under a shared block pool: its sliding-window blocks against BLOCK-6."""
 FORMATS = (".png", ".svg", ".pdf")
 PLOT_HINT = "pip install 'kvspec[plot]'"
 
@@ -61,15 +87,29 @@ class PlotError(ValueError):
 
 @dataclass(frozen=True)
 class Occupancy:
-    """Pages per category (CATEGORIES) of each pool; they add up to the pool's pages
-    unless a page is held twice (I4)."""
+    """Pages per category (CATEGORIES) of each pool, "full" and "swa", or blocks of the
+    one shared pool, "blocks"; they add up to the pool's pages unless a page is held
+    twice (I4), and always to its real blocks."""
 
-    full: dict[str, int]
-    swa: dict[str, int]
+    pools: dict[str, dict[str, int]]
     window_span: int | None = None
-    """SWA pages: the sum of `window_span` over the requests (None: rows not shown)."""
+    """What the requests keep of the window, summed over them: SWA pages, `window_span`
+    (None: rows not shown); in a block pool, the real blocks of their SWA tables."""
     window_bound: int | None = None
-    """SWA pages: the sum of `window_bound` over the requests (None: a request has none)."""
+    """The most they may keep, summed likewise: SWA pages, `window_bound` (None: a request
+    has none); in a block pool, blocks, `swa_block_bound` (BLOCK-6)."""
+
+    @property
+    def full(self) -> dict[str, int]:
+        return self.pools["full"]
+
+    @property
+    def swa(self) -> dict[str, int]:
+        return self.pools["swa"]
+
+    @property
+    def blocks(self) -> dict[str, int]:
+        return self.pools["blocks"]
 
 
 def pool_pages(num_pages: int, free: int, holdings: dict[str, tuple[list[HeldSequence], frozenset[str]]],
@@ -112,7 +152,10 @@ def window_bound(request: RequestView, config: EngineConfig) -> int | None:
 
 
 def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TWO_POOL_OBSERVABLES) -> Occupancy:
-    """The occupancy of an engine snapshot (module docstring), from what the adapter shows."""
+    """The occupancy of an engine snapshot (module docstring), from what the adapter shows:
+    its block pool's, if it has one."""
+    if snapshot.block_pool is not None:
+        return block_pool_occupancy(snapshot.block_pool)
     allocator, page_size = snapshot.allocator, snapshot.config.page_size
     requests = [request_holding(r) for r in snapshot.requests]
     nodes = non_root_nodes(snapshot)
@@ -131,10 +174,42 @@ def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TW
                      with_mapping(by_lock(lambda n: n.swa_lock_ref)),
                      lambda sequences: len(held_swa_pages(sequences, allocator.mapping, page_size)), observables)
     if "rows" not in observables:
-        return Occupancy(full, swa)
+        return Occupancy({"full": full, "swa": swa})
     bounds = [window_bound(r, snapshot.config) for r in snapshot.requests]
-    return Occupancy(full, swa, sum(window_span(r, page_size) // page_size for r in snapshot.requests),
+    return Occupancy({"full": full, "swa": swa}, sum(window_span(r, page_size) // page_size for r in snapshot.requests),
                      None if None in bounds else sum(bound // page_size for bound in bounds))
+
+
+def block_category(block: Block, kinds: set[str | None], free: bool) -> str:
+    """Who holds a real block (module docstring): `kinds`, the kinds of group whose
+    tables hold it (None: a table beyond the groups); `free`, whether it is in the free
+    queue."""
+    if block.ref_cnt > 0 and kinds in ({FULL}, {SWA}):
+        return FULL_TABLES if kinds == {FULL} else SWA_TABLES
+    if block.ref_cnt == 0 and not kinds and free:
+        return FREE if block.block_hash is None else CACHED_FREE
+    return BLOCKS_UNACCOUNTED
+
+
+def block_pool_occupancy(view: BlockPoolView) -> Occupancy:
+    """The occupancy of one shared block pool: its real blocks by `block_category`, and
+    the window lines of BLOCK-6 (module docstring)."""
+    kinds: dict[int, set[str | None]] = {}
+    swa_held = swa_bound = 0
+    for request in view.requests:
+        for group, table in enumerate(request.tables):
+            kind = view.groups[group] if group < len(view.groups) else None  # more tables than groups: BLOCK-4
+            for block in table:
+                if block != NULL_BLOCK:
+                    kinds.setdefault(block, set()).add(kind)
+            if kind == SWA:
+                swa_held += sum(block != NULL_BLOCK for block in table)
+                swa_bound += swa_block_bound(view.window, max(0, request.slots - request.processed), view.block_size)
+    free = set(view.free_queue)
+    blocks = dict.fromkeys((FULL_TABLES, SWA_TABLES, BLOCKS_UNACCOUNTED, CACHED_FREE, FREE), 0)
+    for block in (block for block in view.blocks if block.block_id != NULL_BLOCK):  # the real ones
+        blocks[block_category(block, kinds.get(block.block_id, set()), block.block_id in free)] += 1
+    return Occupancy({"blocks": blocks}, swa_held, swa_bound)
 
 
 def allocator_occupancy(driver: AllocatorDriver) -> Occupancy:
@@ -145,7 +220,7 @@ def allocator_occupancy(driver: AllocatorDriver) -> Occupancy:
                       lambda sequences: len(held_full_pages(sequences, driver.P)), driver.observables)
     swa = pool_pages(state.swa.num_pages, free_swa, {CALLER: (held, frozenset({"mapping"}))},
                      lambda sequences: len(held_swa_pages(sequences, state.mapping, driver.P)), driver.observables)
-    return Occupancy(full, swa)
+    return Occupancy({"full": full, "swa": swa})
 
 
 # -- a timeline of a trace --------------------------------------------------------------------
@@ -174,9 +249,15 @@ class Stop:
 class Timeline:
     title: str
     pool_pages: dict[str, int]
-    """Pages of each pool, "full" and "swa"."""
+    """Pages of each pool, "full" and "swa", or real blocks of the one shared pool, "blocks"."""
     points: tuple[Point, ...] = ()
     stop: Stop | None = None
+
+    @property
+    def panels(self) -> tuple[str, ...]:
+        """What `draw` draws, top down (PANELS): each pool, or the shared block pool and its
+        sliding-window blocks."""
+        return ("blocks", SWA_BLOCKS) if "blocks" in self.pool_pages else ("full", "swa")
 
 
 def title(trace: Trace, adapter: Adapter, label: str) -> str:
@@ -188,15 +269,28 @@ def title(trace: Trace, adapter: Adapter, label: str) -> str:
             f"I={policy['decode_eviction_interval']}, {policy['version']})")
 
 
+def pool_sizes(trace: Trace, adapter: Adapter, driver=None) -> dict[str, int]:
+    """Pages of each pool the configuration sizes; for an engine with one shared block
+    pool, its real blocks as the fresh engine's snapshot shows them (without one, an
+    engine that broke before its first step, the configuration's pages together)."""
+    config = trace.config
+    full, swa = config["size_full"] // config["page_size"], config["size_swa"] // config["page_size"]
+    if trace.tier == "allocator":
+        return {"full": full, "swa": swa}
+    if driver is None:
+        return {"blocks": full + swa} if "block_pool" in getattr(adapter, "observables", ()) else {"full": full, "swa": swa}
+    view = driver.previous.block_pool
+    return {"full": full, "swa": swa} if view is None else {"blocks": len(view.blocks) - 1}  # less the null block
+
+
 def timeline(trace: Trace, adapter: Adapter, label: str = "") -> Timeline:
     """Replay `trace` on `adapter`, recording the occupancy after each step (module docstring)."""
     heading = title(trace, adapter, label or trace.label or "trace")
-    pools = {"full": trace.config["size_full"] // trace.config["page_size"],
-             "swa": trace.config["size_swa"] // trace.config["page_size"]}
     try:
         driver = build_driver(trace, adapter)
     except StepFailure as failure:  # the fresh implementation already breaks an invariant
-        return Timeline(heading, pools, (), Stop(0, failure.kind, f"before the first step: {failure}"))
+        return Timeline(heading, pool_sizes(trace, adapter), (), Stop(0, failure.kind, f"before the first step: {failure}"))
+    pools = pool_sizes(trace, adapter, driver)
     points = []
     for index, step in enumerate(trace.steps):
         violated = ()
@@ -237,26 +331,55 @@ def pyplot():
     return pyplot
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a picture: a pool's categories, stacked, and lines of Occupancy's
+    window attributes, each (attribute, label, color, line style or "area": filled)."""
+
+    pool: str | None
+    """The pool whose categories are stacked; None: lines only, the axis fitted to them."""
+    ylabel: str
+    lines: tuple[tuple[str, str, str, str], ...] = ()
+
+
+PANELS = {
+    "full": Panel("full", "full pool, pages"),
+    "swa": Panel("swa", "SWA pool, pages", (("window_bound", "window bound (WIN-5, I9)", "black", "-"),
+                                            ("window_span", "kept from the cursors", "#1f4e9c", "--"))),
+    "blocks": Panel("blocks", "shared block pool, blocks"),
+    SWA_BLOCKS: Panel(None, "sliding-window blocks held", (("window_bound", "window bound (BLOCK-6)", "black", "-"),
+                                                           ("window_span", "held, summed over requests",
+                                                            COLORS[SWA_TABLES], "area"))),
+}
+"""The panels `plot_pool` draws, by name; Timeline.panels names a timeline's, top down."""
+
+
 def plot_pool(axes, timeline: Timeline, pool: str, marks: bool = True) -> None:
-    """One pool's pages per category, stacked, after each step; on the SWA pool the
-    window lines; the steps that broke a clause (labelled with `marks`) and a crash."""
+    """The panel named `pool` (PANELS) after each step: a pool's pages per category,
+    stacked, and its window lines (on the SWA pool; under a shared block pool, on a
+    panel of their own); the steps that broke a clause (labelled with `marks`) and a
+    crash."""
+    panel = PANELS[pool]
     steps = [point.step for point in timeline.points]
     edges = [step - 0.5 for step in steps] + [steps[-1] + 0.5] if steps else []  # each step one unit wide
 
     def per_step(values: list) -> list:  # a value per edge, the last one repeated to close the last step
         return values + values[-1:]
 
-    pages = [getattr(point.occupancy, pool) for point in timeline.points]
+    pages = [point.occupancy.pools.get(panel.pool, {}) for point in timeline.points]
     shown = [c for c in CATEGORIES if any(p.get(c, 0) for p in pages)]
     polygons = axes.stackplot(edges, *(per_step([p.get(c, 0) for p in pages]) for c in shown), labels=shown,
                               colors=[COLORS[c] for c in shown], step="post", linewidth=0) if shown else []
-    if pool == "swa":
-        for attribute, label, color, style in (("window_bound", "window bound (WIN-5, I9)", "black", "-"),
-                                               ("window_span", "kept from the cursors", "#1f4e9c", "--")):
-            values = [getattr(point.occupancy, attribute) for point in timeline.points]
-            if any(value is not None for value in values):
-                axes.step(edges, per_step([float("nan") if v is None else v for v in values]), where="post",
-                          color=color, linestyle=style, linewidth=1.5, label=label)
+    highest = 0
+    for attribute, label, color, style in panel.lines:
+        values = [getattr(point.occupancy, attribute) for point in timeline.points]
+        if any(value is not None for value in values):
+            highest = max(highest, *(value for value in values if value is not None))
+            values = per_step([float("nan") if v is None else v for v in values])
+            if style == "area":  # drawn under the lines (a collection), which stay visible where they meet it
+                axes.fill_between(edges, values, step="post", color=color, alpha=0.6, linewidth=0, label=label)
+            else:
+                axes.step(edges, values, where="post", color=color, linestyle=style, linewidth=1.5, label=label)
     broken = [(point.step, ", ".join(point.violated)) for point in timeline.points if point.violated]
     if timeline.stop is not None:
         broken.append((timeline.stop.step, timeline.stop.kind))
@@ -266,9 +389,9 @@ def plot_pool(axes, timeline: Timeline, pool: str, marks: bool = True) -> None:
             axes.annotate(what, (step, 1), xycoords=axes.get_xaxis_transform(), xytext=(-1, -3),
                           textcoords="offset points", rotation=90, ha="right", va="top", fontsize=7,
                           color="#b2182b")
-    axes.set_ylim(0, timeline.pool_pages[pool])
+    axes.set_ylim(0, timeline.pool_pages[panel.pool] if panel.pool else highest + max(1, highest // 10))
     axes.set_xlim(-0.5, max([*steps, *(step for step, _ in broken)], default=0) + 0.5)
-    axes.set_ylabel(f"{'full' if pool == 'full' else 'SWA'} pool, pages")
+    axes.set_ylabel(panel.ylabel)
     for axis in (axes.xaxis, axes.yaxis):  # steps and pages are whole numbers
         axis.get_major_locator().set_params(integer=True)
     handles, labels = axes.get_legend_handles_labels()
@@ -278,16 +401,18 @@ def plot_pool(axes, timeline: Timeline, pool: str, marks: bool = True) -> None:
 
 
 def draw(timeline: Timeline, path: str | Path) -> Path:
-    """Both pools of `timeline`, one panel each, to `path` (.png, .svg or .pdf)."""
+    """The panels of `timeline` (both pools, or the shared block pool and its sliding-window
+    blocks), top down, to `path` (.png, .svg or .pdf)."""
     path = picture_path(path)
     plt = pyplot()
-    figure, (full, swa) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5), layout="constrained")
-    plot_pool(full, timeline, "full")
-    plot_pool(swa, timeline, "swa", marks=False)
-    swa.set_xlabel("step of the trace")
+    figure, panels = plt.subplots(len(timeline.panels), 1, sharex=True, figsize=(9, 5.5), layout="constrained")
+    for index, (axes, panel) in enumerate(zip(panels, timeline.panels)):
+        plot_pool(axes, timeline, panel, marks=index == 0)
+    panels[-1].set_xlabel("step of the trace")
     figure.suptitle(timeline.title, fontsize=10)
     if timeline.stop is not None:
-        full.set_title(f"{timeline.stop.kind} {timeline.stop.message.splitlines()[0]}", fontsize=8, color="#b2182b")
+        panels[0].set_title(f"{timeline.stop.kind} {timeline.stop.message.splitlines()[0]}", fontsize=8,
+                            color="#b2182b")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -1,10 +1,14 @@
 """Pictures of a run (conformance/occupancy.py): the occupancy of known snapshots, the
-timeline of the README's example on the reference and on mutant-no-chunk-release, and
-`--plot` on `kvspec check` and `kvspec replay`."""
+timeline of the README's example on the reference and on mutant-no-chunk-release,
+`--plot` on `kvspec check` and `kvspec replay`, and the picture of one shared block pool
+(spec chapter 08): a hand-made view, and, with vLLM installed, real vLLM runs."""
 
+import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
@@ -15,24 +19,47 @@ from kvspec.adapters.reference import ReferenceEngineAdapter
 from kvspec.conformance.checks import InvariantViolation
 from kvspec.conformance.cli import pictures
 from kvspec.conformance.occupancy import (
+    BLOCKS_UNACCOUNTED,
+    CACHED_FREE,
     CALLER,
     EVICTABLE,
     FREE,
+    FULL_TABLES,
     NOT_ATTRIBUTED,
     PRIVATE,
     PROTECTED,
+    SWA_BLOCKS,
+    SWA_TABLES,
     UNACCOUNTED,
+    Point,
+    Timeline,
     allocator_occupancy,
+    block_pool_occupancy,
     draw,
     engine_occupancy,
+    plot_pool,
+    pyplot,
     timeline,
     window_bound,
     window_span,
 )
 from kvspec.conformance.protocol import load_adapter, validate
 from kvspec.conformance.replay import build_driver, replay
-from kvspec.conformance.trace import Trace, TraceStep, load
-from kvspec.spec.window import NO_PREFIX_SHARING, Policy
+from kvspec.conformance.trace import Trace, TraceStep, engine_config_json, load
+from kvspec.spec.accounting import AllocatorState, PoolState
+from kvspec.spec.block_pool import (
+    FULL,
+    NULL_BLOCK,
+    SWA,
+    Block,
+    BlockPoolView,
+    RequestBlocks,
+    pool_accounting_violations,
+    reference_count_violations,
+    swa_block_bound,
+)
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
+from kvspec.spec.window import NO_PREFIX_SHARING, VLLM_0_33, Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "long-chunked-prefill.jsonl"
@@ -272,3 +299,251 @@ def test_the_example_and_its_picture_are_what_the_docs_script_writes(tmp_path):
     assert (written.config, written.steps) == (committed.config, committed.steps)
     assert all(step.expect is not None for step in committed.steps)
     assert is_png(tmp_path / "images" / "swa-release-on-off.png")
+
+
+# -- one shared block pool (spec chapter 08) ---------------------------------------------------------
+# A hand-made view (block size 4, window 6, groups 0 "full" and 1 "swa", 11 real blocks):
+#   * r1 decodes: its last allocation ran with 10 tokens computed and left 11 slots; full
+#     blocks 1, 2, 3; its SWA table has released [0, 4) (the null block), then 4, 5.
+#   * r2, admitted with a prefix hit on r1's first 8 tokens (full 1, 2; SWA 4, and 7, the
+#     block of [0, 4) r1 had released, still cached and free until the hit took it back),
+#     then a chunk of 2: 8 computed, 10 slots; full 6, SWA 8 for [8, 10).
+#   * block 9: free, still cached (vLLM evicts lazily); blocks 10, 11: free, no key.
+
+BS, W = 4, 6
+H0, H1, HC = 0xA0, 0xA1, 0xC0
+
+
+def pool_view() -> BlockPoolView:
+    refs = {1: 2, 2: 2, 3: 1, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
+    keys = {1: (H0, 0), 2: (H1, 0), 4: (H1, 1), 7: (H0, 1), 9: (HC, 0)}
+    r1 = RequestBlocks("r1", ((1, 2, 3), (NULL_BLOCK, 4, 5)), processed=10, slots=11)
+    r2 = RequestBlocks("r2", ((1, 2, 6), (7, 4, 8)), processed=8, slots=10)
+    return BlockPoolView(block_size=BS, window=W, groups=(FULL, SWA),
+                         blocks=tuple(Block(b, refs.get(b, 0), keys.get(b)) for b in range(12)),
+                         free_queue=(11, 10, 9), requests=(r1, r2),
+                         cache_map=tuple(sorted((h, g, b) for b, (h, g) in keys.items())))
+
+
+def pool_snapshot(view: BlockPoolView) -> EngineSnapshot:
+    """A block-pool engine's snapshot as the vllm adapter shows one: the shared pool as
+    the allocator's `full`, an empty `swa`, no tree."""
+    real = len(view.blocks) - 1
+    config = EngineConfig(page_size=BS, window=W, size_full=8 * BS, size_swa=(real - 8) * BS, policy=Policy(VLLM_0_33))
+    allocator = AllocatorState(BS, real * BS, PoolState("blocks", BS, real, view.free_queue), PoolState("swa", BS, 0, ()),
+                               ())
+    return EngineSnapshot(config, allocator, (), (), None, view)
+
+
+def block_clauses(view: BlockPoolView) -> set[str]:
+    now = pool_snapshot(view)
+    return {v.clause for v in pool_accounting_violations(now) + reference_count_violations(now)}
+
+
+def test_a_block_pool_splits_into_blocks_held_by_each_kind_of_table_cached_and_free():
+    """[BLOCK-1, BLOCK-2] Each real block once (the null block is not drawn): a block two
+    requests share counts once, under the kind of the tables that hold it; the shared pool
+    the allocator shows as `full` is no full pool."""
+    view = pool_view()
+    assert block_clauses(view) == set()
+    occupancy = engine_occupancy(pool_snapshot(view))
+    assert occupancy == block_pool_occupancy(view) and set(occupancy.pools) == {"blocks"}
+    assert occupancy.blocks == {FULL_TABLES: 4, SWA_TABLES: 4, BLOCKS_UNACCOUNTED: 0, CACHED_FREE: 1, FREE: 2}
+    assert sum(occupancy.blocks.values()) == len(view.blocks) - 1 == 11
+
+
+def test_the_block_pool_window_lines_are_the_held_swa_blocks_and_the_bound_block_6_checks():
+    """[BLOCK-6] Summed over the requests: r1 holds 2 real SWA blocks, r2 3 (block 4, which
+    both hold, once each), against swa_block_bound(W, slots - processed): 1 + cdiv(6 - 1 +
+    1, 4) = 3 for r1, 1 + cdiv(6 - 1 + 2, 4) = 3 for r2."""
+    occupancy = block_pool_occupancy(pool_view())
+    assert occupancy.window_span == 2 + 3
+    assert occupancy.window_bound == swa_block_bound(W, 1, BS) + swa_block_bound(W, 2, BS) == 6
+    released = replace(pool_view(), requests=(), free_queue=(11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1),
+                       blocks=tuple(replace(block, ref_cnt=0) for block in pool_view().blocks))
+    after = block_pool_occupancy(released)
+    assert (after.window_span, after.window_bound) == (0, 0)
+    assert after.blocks == {FULL_TABLES: 0, SWA_TABLES: 0, BLOCKS_UNACCOUNTED: 0, CACHED_FREE: 5, FREE: 6}
+
+
+def leaked(view: BlockPoolView) -> BlockPoolView:
+    """Block 10 keeps a reference after its request let go: held by no table."""
+    return replace(view, blocks=tuple(replace(b, ref_cnt=1) if b.block_id == 10 else b for b in view.blocks),
+                   free_queue=(11, 9))
+
+
+def lost(view: BlockPoolView) -> BlockPoolView:
+    """Block 10, with no reference, is missing from the free queue."""
+    return replace(view, free_queue=(11, 9))
+
+
+def two_kinds(view: BlockPoolView) -> BlockPoolView:
+    """r2's full table takes r1's SWA block 5 where its own block 6 was (6 freed, 5's
+    count mended): a block held by tables of both kinds."""
+    r1, r2 = view.requests
+    refs = {5: 2, 6: 0}
+    return replace(view, requests=(r1, replace(r2, tables=((1, 2, 5), r2.tables[1]))), free_queue=(11, 10, 9, 6),
+                   blocks=tuple(replace(b, ref_cnt=refs.get(b.block_id, b.ref_cnt)) for b in view.blocks))
+
+
+@pytest.mark.parametrize(("seed", "clause", "held"), [(leaked, "BLOCK-2", (4, 4)), (lost, "BLOCK-1", (4, 4)),
+                                                      (two_kinds, "BLOCK-2", (3, 3))])
+def test_a_block_neither_held_by_one_kind_of_table_nor_free_is_unaccounted(seed, clause, held):
+    """[BLOCK-1, BLOCK-2] Each seeded bug breaks the clause named, and its block is drawn as
+    unaccounted, never as held or free; the categories still add up to the pool."""
+    view = seed(pool_view())
+    assert block_clauses(view) == {clause}
+    blocks = block_pool_occupancy(view).blocks
+    assert blocks[BLOCKS_UNACCOUNTED] == 1 and (blocks[FULL_TABLES], blocks[SWA_TABLES]) == held
+    assert sum(blocks.values()) == 11
+
+
+def test_a_leak_in_a_block_pool_is_drawn_unaccounted_and_marked(tmp_path):
+    """[BLOCK-2] A hand-made timeline, clean then leaking: the top panel's legend has the
+    unaccounted band, the step its clause; the second panel has the window lines."""
+    clean, leaking = block_pool_occupancy(pool_view()), block_pool_occupancy(leaked(pool_view()))
+    run = Timeline("a leak", {"blocks": 11}, (Point(0, "decode", clean), Point(1, "finish", leaking, ("BLOCK-2",))))
+    assert run.panels == ("blocks", SWA_BLOCKS)
+    plt = pyplot()
+    figure, (top, bottom) = plt.subplots(2, 1)
+    plot_pool(top, run, "blocks")
+    plot_pool(bottom, run, SWA_BLOCKS, marks=False)
+    assert BLOCKS_UNACCOUNTED in [text.get_text() for text in top.get_legend().get_texts()]
+    assert "BLOCK-2" in [text.get_text() for text in top.texts] and top.get_ylim() == (0, 11)
+    assert [text.get_text() for text in bottom.get_legend().get_texts()] == [
+        "window bound (BLOCK-6)", "held, summed over requests"]
+    plt.close(figure)
+    assert is_png(draw(run, tmp_path / "leak.png"))
+
+
+class SnapshotRaises(ReferenceEngineAdapter):
+    def snapshot(self):
+        raise RuntimeError("no snapshot")
+
+
+class BLOCK_POOL_SNAPSHOT_RAISES:
+    name, policy_version, make_engine = "block-pool-snapshot-raises", "sglang-0.5.23", SnapshotRaises
+    capabilities, observables = ("page_size_gt_1", "chunked_prefill"), ("rows", "block_pool")
+
+
+def test_a_block_pool_engine_broken_before_its_first_step_gets_the_block_pool_panels(tmp_path):
+    """[OBS-1] With no snapshot to read the pool's size from, the panels follow the
+    observables the adapter declares, sized by the configuration's pages together."""
+    trace = load(EXAMPLE)
+    broken = timeline(trace, validate(BLOCK_POOL_SNAPSHOT_RAISES, "block-pool-snapshot-raises"))
+    assert broken.points == () and (broken.stop.step, broken.stop.kind) == (0, "crashed")
+    assert broken.panels == ("blocks", SWA_BLOCKS)
+    assert broken.pool_pages == {"blocks": (trace.config["size_full"] + trace.config["size_swa"]) // 4}
+    assert is_png(draw(broken, tmp_path / "broken.png"))
+
+
+# -- real vLLM (adapters/vllm; skipped without it, unless KVSPEC_REQUIRE_VLLM=1) -----------------------
+
+needs_vllm = pytest.mark.skipif(
+    os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed: pip install --no-deps -r adapters/vllm/requirements.txt")
+VLLM_CONFIG = EngineConfig(page_size=4, window=7, size_full=64, size_swa=32, max_requests=4,
+                           policy=Policy(VLLM_0_33, 4))
+"""24 real blocks in the vllm adapter's pool (both pools' pages together)."""
+PROMPT = list(range(30))
+
+
+def serve(rid: str, prompt: list[int], chunks: tuple[int, ...], decodes: int) -> tuple[TraceStep, ...]:
+    return (TraceStep("admit", {"rid": rid, "prompt": prompt}),
+            *(TraceStep("prefill_chunk", {"rid": rid, "chunk": chunk, "token": 1}) for chunk in chunks),
+            *[TraceStep("decode", {"rid": rid, "token": 1})] * decodes)
+
+
+def shared_prefix_trace() -> Trace:
+    """a prefills 30 tokens in chunks and decodes; it finishes, its blocks cached and free;
+    b, a's prompt and more, takes them back by a prefix hit; c, another prompt, fills
+    the pool beside b; both finish, and an eviction drops every cached key."""
+    steps = (*serve("a", PROMPT, (8, 8, 8, 6), 5), TraceStep("finish", {"rid": "a", "trim": 0}),
+             *serve("b", PROMPT + [99] * 6, (8,), 3), *serve("c", [7] * 20, (8, 8, 4), 2),
+             TraceStep("finish", {"rid": "c", "trim": 0}), TraceStep("finish", {"rid": "b", "trim": 0}),
+             TraceStep("evict", {"full_tokens": 64, "swa_tokens": 32}))
+    return Trace("engine", engine_config_json(VLLM_CONFIG), "vllm", steps, label="two prompts sharing a prefix")
+
+
+def assert_within_the_pool_and_the_bound(run: Timeline) -> None:
+    for point in run.points:
+        assert set(point.occupancy.pools) == {"blocks"}, point
+        assert sum(point.occupancy.blocks.values()) == run.pool_pages["blocks"], point
+        assert point.occupancy.window_span <= point.occupancy.window_bound, point
+
+
+@needs_vllm
+def test_a_conformant_vllm_replay_keeps_its_swa_blocks_within_the_bound_and_draws_a_png(tmp_path):
+    """[BLOCK-1, BLOCK-6] On real vLLM: each step's categories add up to the pool's 24 real
+    blocks and the SWA blocks held never exceed the bound, which they reach; a's blocks
+    are cached and free once it finishes, b's prefix hit takes some back, the eviction
+    leaves every block free."""
+    trace, vllm = shared_prefix_trace(), load_adapter("vllm")
+    assert replay(trace, vllm, compare=False).conforms
+    run = timeline(trace, vllm)
+    assert run.pool_pages == {"blocks": 24} and run.panels == ("blocks", SWA_BLOCKS) and run.stop is None
+    assert len(run.points) == len(trace.steps) and not any(point.violated for point in run.points)
+    assert_within_the_pool_and_the_bound(run)
+    assert any(point.occupancy.window_span == point.occupancy.window_bound > 0 for point in run.points)
+    blocks = [point.occupancy.blocks for point in run.points]
+    a_done = next(i for i, step in enumerate(trace.steps) if step.op == "finish")
+    assert blocks[a_done][FULL_TABLES] == blocks[a_done][SWA_TABLES] == 0 and blocks[a_done][CACHED_FREE] > 0
+    assert blocks[a_done + 1][CACHED_FREE] < blocks[a_done][CACHED_FREE]  # b's hit
+    assert blocks[-1] == {FULL_TABLES: 0, SWA_TABLES: 0, BLOCKS_UNACCOUNTED: 0, CACHED_FREE: 0, FREE: 24}
+    assert is_png(draw(run, tmp_path / "vllm.png"))
+
+
+@needs_vllm
+def test_the_busiest_example_of_a_vllm_check_keeps_within_the_pool_and_the_bound(tmp_path):
+    """[BLOCK-1, BLOCK-6] A quick check of one engine run on real vLLM passes; at every
+    step of the example its picture draws, the categories add up to the pool and the
+    SWA blocks held stay within the bound."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvspec.conformance.profiles import profile
+    from kvspec.conformance.runs import machines
+
+    vllm = load_adapter("vllm")
+    machine = dict(machines(vllm))["engine P=4 W=7 I=1"]
+    machine.reset_counters()
+    run_state_machine_as_test(machine, settings=profile("quick"))
+    run = timeline(machine.busiest_example("vllm", None, "engine P=4 W=7 I=1"), vllm)
+    assert run.points and run.stop is None and not any(point.violated for point in run.points)
+    assert_within_the_pool_and_the_bound(run)
+    assert is_png(draw(run, tmp_path / "busiest.png"))
+
+
+class LEAKS_ON_FINISH:
+    """vLLM whose finish takes one more reference on the request's last full block (no
+    later prefix hit in these traces takes it back) before vLLM frees the request: the
+    block keeps a count of 1 and no table holds it."""
+
+    name, policy_version, observables = "leaks-on-finish", VLLM_0_33, ("rows", "block_pool")
+    capabilities = ("page_size_gt_1", "prefix_sharing", "chunked_prefill")
+
+    @staticmethod
+    def make_engine(config):
+        from kvspec.adapters.vllm.engine import VllmEngine
+
+        class LeaksOnFinish(VllmEngine):
+            def finish(self, rid, trim=0):
+                if rid in self.finished_prefill:
+                    self.pool.touch(self.managers[self.groups.index(FULL)].req_to_blocks[rid][-1:])
+                return super().finish(rid, trim)
+
+        return partial(LeaksOnFinish, retention=0)(config)
+
+
+@needs_vllm
+def test_a_block_leaked_on_real_vllm_is_drawn_unaccounted_from_the_step_that_leaks_it(tmp_path):
+    """[BLOCK-2] Each finish leaks a block: the timeline goes on past the violation, and
+    from a's finish on one block (two after c's) is unaccounted, every step marked."""
+    trace = shared_prefix_trace()
+    run = timeline(trace, validate(LEAKS_ON_FINISH, "leaks-on-finish"))
+    assert len(run.points) == len(trace.steps) and run.stop is None
+    finishes = [i for i, step in enumerate(trace.steps) if step.op == "finish"]
+    unaccounted = [point.occupancy.blocks[BLOCKS_UNACCOUNTED] for point in run.points]
+    assert unaccounted == [sum(i >= done for done in finishes) for i in range(len(trace.steps))]
+    assert all(("BLOCK-2" in point.violated) == (point.step >= finishes[0]) for point in run.points)
+    assert all(sum(point.occupancy.blocks.values()) == 24 for point in run.points)
+    assert is_png(draw(run, tmp_path / "leak.png"))
