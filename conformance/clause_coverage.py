@@ -16,8 +16,9 @@ works with that clause.
 - A **test** is a test function of the project's suite that names a clause id (in its
   body, docstring, comments or decorators, or in a module-level constant it uses) or
   calls a definition a clause cites.
-- A **mutant** is a bug of the zoo (adapters/mutants, adapters/sglang/mutants.py), at its
-  declared clause.
+- A **mutant** is a bug of the zoo (adapters/mutants; adapters/sglang/mutants.py and
+  adapters/vllm/mutants.py, patched into real SGLang and real vLLM), at its declared
+  clause.
 - A **divergence** is a known difference of real SGLang (adapters/sglang/divergences.py),
   at the clauses it breaks.
 
@@ -83,7 +84,8 @@ def coverage(tests: Path) -> Coverage:
     definitions = spec_definitions()
     return Coverage(clauses, (*invariant_checks(clauses, definitions), *harness_checks(clauses, definitions),
                               *helper_checks(), *test_citations(tests, clauses, definitions),
-                              *reference_mutants(), *sglang_mutants(), *divergences()))
+                              *reference_mutants(), *sglang_mutants(), *vllm_mutants(),
+                              *divergences()))
 
 
 def default_tests_folder() -> Path | None:
@@ -290,17 +292,30 @@ def reference_mutants() -> Iterator[Citation]:
                                        f"exposed by {mutant.exposed_by.label}"})
 
 
-def sglang_mutants() -> Iterator[Citation]:
-    """Read from the source: importing adapters/sglang/mutants.py imports SGLang."""
-    path = SOURCE_ROOT / "adapters" / "sglang" / "mutants.py"
+def patched_mutants(implementation: str, shown_as: str, path: Path) -> Iterator[Citation]:
+    """The mutants of a zoo of patches into a real implementation, `<implementation>-mutant-<slug>`:
+    each class with a `slug=` keyword and a `clause, invariant_class = ...` statement,
+    read from the source without importing the zoo."""
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         slug = next((k.value.value for k in getattr(node, "keywords", ()) if k.arg == "slug"), None)
         for statement in node.body if slug else ():
             targets = statement.targets[0] if isinstance(statement, ast.Assign) else None
             if isinstance(targets, ast.Tuple) and [t.id for t in targets.elts] == ["clause", "invariant_class"]:
                 clause, invariant_class = (ast.unparse(e).strip("'\"") for e in statement.value.elts)
-                yield Citation("mutant", f"sglang-mutant-{slug}", where(path, node.name),
-                               {clause: f"breaks it ({invariant_class.lower()}) in real SGLang"})
+                yield Citation("mutant", f"{implementation}-mutant-{slug}", where(path, node.name),
+                               {clause: f"breaks it ({invariant_class.lower()}) in real {shown_as}"})
+
+
+def sglang_mutants() -> Iterator[Citation]:
+    """Read from the source: importing adapters/sglang/mutants.py imports SGLang."""
+    return patched_mutants("sglang", "SGLang", SOURCE_ROOT / "adapters" / "sglang" / "mutants.py")
+
+
+def vllm_mutants() -> Iterator[Citation]:
+    """Read from the source, as SGLang's zoo is: the citations are the same whether or not
+    vLLM is installed (importing adapters/vllm/mutants.py imports torch and the adapter
+    package; vLLM only when a patch is first applied)."""
+    return patched_mutants("vllm", "vLLM", SOURCE_ROOT / "adapters" / "vllm" / "mutants.py")
 
 
 def divergences() -> Iterator[Citation]:

@@ -22,7 +22,8 @@ kvspec.spec.outcomes errors on misuse.
 
 `load_adapter(spec)` takes `reference` (and other built-in names: `mutant-<name>` for
 each seeded bug of kvspec.adapters.mutants, `sglang-mutant-<name>` for each bug patched
-into real SGLang by kvspec.adapters.sglang.mutants), a name registered by a package under the
+into real SGLang by kvspec.adapters.sglang.mutants, `vllm-mutant-<name>` for each bug
+patched into real vLLM by kvspec.adapters.vllm.mutants), a name registered by a package under the
 entry-point group `kvspec.adapters`, or `module:attribute`, and
 validates what it finds, with errors that say what is missing and how to fix it.
 """
@@ -96,6 +97,14 @@ def resolve(spec: str) -> Any:
             raise AdapterError(f"unknown SGLang mutant {spec!r}{why}; the bugs patched into SGLang are "
                                + ", ".join(f"sglang-mutant-{name}" for name in SGLANG_MUTANTS))
         return SGLANG_MUTANTS[slug]
+    if spec.startswith("vllm-mutant-"):
+        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
+
+        slug = spec.removeprefix("vllm-mutant-")
+        if slug not in VLLM_MUTANTS:
+            raise AdapterError(f"unknown vLLM mutant {spec!r}; the bugs patched into vLLM are "
+                               + ", ".join(f"vllm-mutant-{name}" for name in VLLM_MUTANTS))
+        return VLLM_MUTANTS[slug]
     target = BUILT_IN.get(spec)
     if target is None:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
@@ -105,11 +114,13 @@ def resolve(spec: str) -> Any:
     if ":" not in target:
         from kvspec.adapters.mutants import MUTANTS
         from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
+        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
 
         known = sorted(set(BUILT_IN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
         raise AdapterError(f"unknown adapter {spec!r}; use one of {', '.join(known)}, a seeded bug "
                            f"({', '.join(f'mutant-{name}' for name in MUTANTS)}), a bug patched into SGLang "
-                           f"({', '.join(f'sglang-mutant-{name}' for name in SGLANG_MUTANTS)}), "
+                           f"({', '.join(f'sglang-mutant-{name}' for name in SGLANG_MUTANTS)}), a bug patched "
+                           f"into vLLM ({', '.join(f'vllm-mutant-{name}' for name in VLLM_MUTANTS)}), "
                            f"or module:attribute for your own")
     module_name, _, attribute = target.partition(":")
     if os.getcwd() not in sys.path:

@@ -38,7 +38,10 @@ class Replay:
         return self.failure is None
 
     def reproduces(self, trace: Trace) -> bool:
-        """Whether this replay broke a clause the trace records, at the same step."""
+        """Whether this replay broke a clause the trace records, at the same step (a trace
+        of no steps records a failure of the fresh implementation: any failure there)."""
+        if not trace.steps:
+            return self.failure is not None and self.stopped_at == 0
         at = next((i for i, step in enumerate(trace.steps) if step.violated), None)
         return (self.failure is not None and at == self.stopped_at
                 and bool(set(self.failure.clauses or (self.failure.kind,)) & set(trace.steps[at].violated)))

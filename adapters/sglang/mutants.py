@@ -16,36 +16,33 @@ All are built on SGLang's Python tree core: kvspec can walk its tree (I10-I14 ne
 and two of the patches are in Python tree code that the Rust core replaces (the SWA
 eviction walk, the match validator). The rest are in code both cores share.
 
-How a patch is applied (`Patch`, `active`, `Patched`): the function's own source text
-(`inspect.getsource`) with the one edit is compiled again (a method inside its class),
-and the new code object replaces the function's `__code__`; it runs in the function's
-own module globals. The function object stays the same one, so every caller runs the
-edit, including modules that imported the function by name (`from x import f`:
-components/swa.py imports `free_swa_out_of_window_slots`, the adapter's runtime imports
-`release_kv_cache`), which a module-attribute patch would miss. The patch is on only
-while a call into the mutant's allocator or engine runs (`Patched` wraps each
-operation), so an unpatched sglang adapter in the same process, before, after or
-between those calls, runs SGLang unpatched; nothing is patched at import. A patch whose
-text is not in the function exactly once raises PatchError: an SGLang upgrade that
-moves the code stops the mutant instead of leaving it silently unpatched.
+How a patch is applied (`Patch`, `active`, `Patched`: kvspec.adapters.patching): the
+function's own source text with the one edit is compiled again and swapped in as its
+`__code__`, so every caller runs the edit, including modules that imported the function
+by name (components/swa.py imports `free_swa_out_of_window_slots`, the adapter's runtime
+imports `release_kv_cache`). The patch is on only while a call into the mutant's
+allocator or engine runs, so an unpatched sglang adapter in the same process runs SGLang
+unpatched; nothing is patched at import. A patch whose text is not in the function
+exactly once raises PatchError: an SGLang upgrade that moves the code stops the mutant
+instead of leaving it silently unpatched.
 
 SGLang runs with its invariant checks off (as in the sglang adapter), so a misuse the
 patch causes shows as SGLang silently doing the wrong thing, which kvspec's invariants
 catch; where SGLang's own assertions fire first, the mutant's docstring says so.
 """
 
-import __future__
-
-import ast
-import contextlib
 import functools
-import importlib
-import inspect
-import textwrap
-from dataclasses import dataclass
-from types import CodeType, FunctionType
 
+from kvspec.adapters import patching
 from kvspec.adapters.mutants.seeding import CRASH, Run, check_declaration
+from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machinery's names, importable from here
+    FUTURE_FLAGS,
+    ORIGINAL_CODE,
+    Patched,
+    PatchError,
+    active,
+    patched_code,
+)
 from kvspec.conformance.runs import ENGINE_CONFIGS, PAGE_SIZES
 
 from . import SGLANG_PYTHON
@@ -54,117 +51,14 @@ from .runtime import sglang
 # -- patches ----------------------------------------------------------------------------------
 
 
-class PatchError(Exception):
-    """A patch that cannot be applied as written (its text is not found exactly once)."""
-
-
-FUTURE_FLAGS = functools.reduce(lambda flags, name: flags | getattr(__future__, name).compiler_flag,
-                                __future__.all_feature_names, 0)
-
-
-@dataclass(frozen=True)
-class Patch:
+class Patch(patching.Patch):
     """One edit of one SGLang function: `old`, exact source text of the function (whole
     lines, indentation as in SGLang's file), becomes `new`."""
 
-    module: str
-    """The module that defines the function, e.g. sglang.srt.mem_cache.common."""
-    function: str
-    """Its qualified name in that module: `free_kv_row_segments`, `Class.method`."""
-    old: str
-    new: str
+    implementation = "SGLang"
 
-    def __str__(self) -> str:
-        return f"{self.module}.{self.function}: {self.old.strip()!r} -> {self.new.strip()!r}"
-
-    def target(self) -> FunctionType:
+    def prepare(self) -> None:
         sglang()  # SGLang's modules import through the adapter's runtime (the torchvision stub)
-        owner = importlib.import_module(self.module)
-        *classes, name = self.function.split(".")
-        for part in classes:
-            owner = getattr(owner, part, None)
-            if not isinstance(owner, type):
-                raise PatchError(f"{self.module} has no class {'.'.join(classes)}; update the patch {self}")
-        function = vars(owner).get(name)
-        if not isinstance(function, FunctionType):
-            raise PatchError(f"{self.module}.{self.function} is not a plain function here; update the patch {self}")
-        ORIGINAL_CODE.setdefault(function, function.__code__)
-        return function
-
-    def code(self) -> CodeType:
-        """The function's code with the edit (compiled once)."""
-        return patched_code(self)
-
-
-ORIGINAL_CODE: dict[FunctionType, CodeType] = {}
-
-
-@functools.cache
-def patched_code(patch: Patch) -> CodeType:
-    function = patch.target()
-    original = ORIGINAL_CODE[function]
-    source = inspect.getsource(original)
-    found = source.count(patch.old)
-    if found != 1:
-        raise PatchError(f"{patch.module}.{patch.function}: the text to replace occurs {found} times in its source, "
-                         f"not once; SGLang's code moved (an upgrade?), so update the patch. Text:\n{patch.old}")
-    edited = textwrap.dedent(source.replace(patch.old, patch.new))
-    if edited.startswith("@"):
-        raise PatchError(f"{patch.module}.{patch.function} is decorated; patch the function it wraps")
-    # a method is compiled inside its class, for private-name mangling and super()'s __class__ cell
-    *classes, _ = patch.function.split(".")
-    wrapped = "".join(f"{'    ' * depth}class {part}:\n" for depth, part in enumerate(classes))
-    tree = ast.parse(wrapped + textwrap.indent(edited, "    " * len(classes)))
-    ast.increment_lineno(tree, original.co_firstlineno - 1 - len(classes))  # tracebacks show SGLang's lines
-    code = compile(tree, original.co_filename, "exec", flags=original.co_flags & FUTURE_FLAGS, dont_inherit=True)
-    for part in patch.function.split("."):  # nothing is executed: the function's code is a constant of its class's
-        code = next(const for const in code.co_consts if isinstance(const, CodeType) and const.co_name == part)
-    if code.co_freevars != original.co_freevars:
-        raise PatchError(f"{patch.module}.{patch.function}: the edit changes the variables it closes over "
-                         f"({original.co_freevars} -> {code.co_freevars}); keep them")
-    return code
-
-
-@contextlib.contextmanager
-def active(patches: tuple[Patch, ...]):
-    """The patches on for the duration of the block (idempotent: a nested block under the
-    same patches changes nothing); the original code back afterwards, however it ends."""
-    swapped = []
-    try:
-        for patch in patches:
-            function, code = patch.target(), patch.code()
-            if function.__code__ is code:
-                continue
-            if function.__code__ is not ORIGINAL_CODE[function]:
-                raise PatchError(f"{patch.module}.{patch.function} is already patched by another mutant's call")
-            function.__code__ = code
-            swapped.append(function)
-        yield
-    finally:
-        for function in reversed(swapped):
-            function.__code__ = ORIGINAL_CODE[function]
-
-
-class Patched:
-    """An allocator or engine of real SGLang built, and driven call by call, with patches
-    on: every operation of the protocol (and snapshot/state) runs inside `active`."""
-
-    def __init__(self, patches: tuple[Patch, ...], build, *args, **kwargs):
-        self.patches = patches
-        with active(patches):
-            self.implementation = build(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        attribute = getattr(self.implementation, name)
-        if not callable(attribute):
-            return attribute
-
-        @functools.wraps(attribute)
-        def patched(*args, **kwargs):
-            with active(self.patches):
-                return attribute(*args, **kwargs)
-
-        return patched
 
 
 # -- mutants as adapters ----------------------------------------------------------------------
