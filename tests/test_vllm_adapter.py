@@ -53,7 +53,7 @@ def test_a_check_passes_and_reports_the_two_pool_checks_skipped(adapter, tmp_pat
     report = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", adapter,
                            "--profile", "quick", "--run", "engine P=4 W=7 I=1", "--seed", "0", "--json", str(report),
-                           "--traces", str(tmp_path)], capture_output=True, text=True, timeout=300)
+                           "--traces", str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     classes = json.loads(report.read_text())["classes"]
     assert classes["window-bound"]["checked"] > 0 and classes["window-bound"]["violated"] == 0
@@ -152,7 +152,7 @@ def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
     subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "vectors", "--out", str(vectors)],
                    check=True, capture_output=True, timeout=300)
     done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "replay", str(vectors), "--adapter", "vllm"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "lacks policy version sglang-0.5.23 (it implements vllm-0.33)" in done.stdout
     assert "0 of 0 trace(s) replayed" in done.stdout

@@ -30,8 +30,13 @@ def vllm() -> types.SimpleNamespace:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import (get_block_hash, get_group_id, get_request_block_hasher,
-                                                 init_none_hash, maybe_convert_block_hash)
+        from vllm.v1.core.kv_cache_utils import (
+            get_block_hash,
+            get_group_id,
+            get_request_block_hasher,
+            init_none_hash,
+            maybe_convert_block_hash,
+        )
         from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
         from vllm.v1.request import Request, RequestStatus
@@ -41,4 +46,11 @@ def vllm() -> types.SimpleNamespace:
                           f"\"Checking real vLLM\")") from error
     logging.getLogger("vllm").setLevel(logging.ERROR)
     init_none_hash(sha256)  # before any Request with a block hasher is built
-    return types.SimpleNamespace(**{name: value for name, value in locals().items() if name != "error"})
+    return types.SimpleNamespace(
+        torch=torch, AllBlocksCleared=AllBlocksCleared, BlockRemoved=BlockRemoved, BlockStored=BlockStored,
+        SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager, get_block_hash=get_block_hash,
+        get_group_id=get_group_id, get_request_block_hasher=get_request_block_hasher,
+        maybe_convert_block_hash=maybe_convert_block_hash, FullAttentionManager=FullAttentionManager,
+        SlidingWindowManager=SlidingWindowManager, FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec, SlidingWindowSpec=SlidingWindowSpec, Request=Request,
+        RequestStatus=RequestStatus)
