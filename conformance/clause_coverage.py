@@ -19,8 +19,8 @@ works with that clause.
 - A **mutant** is a bug of the zoo (adapters/mutants; adapters/sglang/mutants.py and
   adapters/vllm/mutants.py, patched into real SGLang and real vLLM), at its declared
   clause.
-- A **divergence** is a known difference of real SGLang (adapters/sglang/divergences.py),
-  at the clauses it breaks.
+- A **divergence** is a known difference of real SGLang or vLLM
+  (adapters/{sglang,vllm}/divergences.py), at the clauses it breaks.
 
 `Coverage.problems()` is what CI requires to be empty: every clause has a check and a
 test, and nothing cites a clause id that no chapter has.
@@ -319,8 +319,11 @@ def vllm_mutants() -> Iterator[Citation]:
 
 
 def divergences() -> Iterator[Citation]:
-    from kvspec.adapters.sglang.divergences import KNOWN_DIVERGENCES
-    path = SOURCE_ROOT / "adapters" / "sglang" / "divergences.py"
-    for divergence in KNOWN_DIVERGENCES:
-        yield Citation("divergence", divergence.id, where(path, "KNOWN_DIVERGENCES"),
-                       {c: f"{' and '.join(divergence.adapters)}: {divergence.title}" for c in divergence.clauses})
+    """The known divergences of real SGLang and real vLLM (importing the lists imports neither)."""
+    from kvspec.adapters.sglang.divergences import KNOWN_DIVERGENCES as SGLANG
+    from kvspec.adapters.vllm.divergences import KNOWN_DIVERGENCES as VLLM
+    for implementation, known in (("sglang", SGLANG), ("vllm", VLLM)):
+        path = SOURCE_ROOT / "adapters" / implementation / "divergences.py"
+        for divergence in known:
+            yield Citation("divergence", divergence.id, where(path, "KNOWN_DIVERGENCES"),
+                           {c: f"{' and '.join(divergence.adapters)}: {divergence.title}" for c in divergence.clauses})
