@@ -61,6 +61,9 @@ class ReferenceEngineAdapter:
     def snapshot(self):
         return self.engine.snapshot()
 
+    def partial_snapshot(self):
+        return self.engine.partial_snapshot()
+
     def __getattr__(self, operation):
         if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict"}:
             return getattr(self.engine, operation)

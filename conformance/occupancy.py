@@ -168,9 +168,9 @@ def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TW
     def with_mapping(holdings):  # SWA pages are found through the mapping (as I3 counts them)
         return {category: (sequences, needs | {"mapping"}) for category, (sequences, needs) in holdings.items()}
 
-    full = pool_pages(allocator.full.num_pages, len(allocator.full.free_pages), by_lock(lambda n: n.full_lock_ref),
+    full = pool_pages(allocator.full.num_pages, allocator.full.free_count, by_lock(lambda n: n.full_lock_ref),
                       lambda sequences: len(held_full_pages(sequences, page_size)), observables)
-    swa = pool_pages(allocator.swa.num_pages, len(allocator.swa.free_pages),
+    swa = pool_pages(allocator.swa.num_pages, allocator.swa.free_count,
                      with_mapping(by_lock(lambda n: n.swa_lock_ref)),
                      lambda sequences: len(held_swa_pages(sequences, allocator.mapping, page_size)), observables)
     if "rows" not in observables:

@@ -319,6 +319,15 @@ class Engine:
                               () if self.tree is None else self.tree.views(),
                               None if self.tree is None else self.tree.ledgers())
 
+    def partial_snapshot(self) -> EngineSnapshot:
+        """[OBS-4] The same, but the allocator shows free counts and the mapping of the
+        slots the requests and nodes hold only: its cost does not grow with the pools."""
+        requests = tuple(r.view() for r in self.requests.values())
+        nodes = () if self.tree is None else self.tree.views()
+        held = [slot for r in requests for slot in r.row] + [slot for node in nodes for slot in node.full_value]
+        return EngineSnapshot(self.config, self.allocator.partial_state(held), requests, nodes,
+                              None if self.tree is None else self.tree.ledgers())
+
     def check_invariants(self, previous: EngineSnapshot | None = None, step: Step | None = None) -> EngineSnapshot:
         """Check every invariant; on a violation raise with the state that explains it.
         Returns the snapshot, to pass as `previous` next time."""
@@ -333,8 +342,9 @@ class Engine:
 def describe(snapshot: EngineSnapshot) -> str:
     """A readable dump: pools, requests, and the tree."""
     a = snapshot.allocator
-    lines = [f"full pool: {len(a.full.free_pages)}/{a.full.num_pages} pages free {sorted(a.full.free_pages)}",
-             f"SWA pool:  {len(a.swa.free_pages)}/{a.swa.num_pages} pages free {sorted(a.swa.free_pages)}"]
+    lines = [f"{name} pool: {pool.free_count}/{pool.num_pages} pages free "
+             f"{'(list not shown)' if pool.free_pages is None else sorted(pool.free_pages)}"
+             for name, pool in (("full", a.full), ("SWA", a.swa))]
     for r in snapshot.requests:
         lines.append(f"request {r.rid}: protected {r.cache_protected_len}, cursor {r.swa_evicted_seqlen}, "
                      f"allocated {r.kv_allocated_len}, committed {r.kv_committed_len}, seq {r.seq_len}, "

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from kvspec.spec.accounting import AllocatorState
+from kvspec.spec.accounting import AllocatorState, PartialMapping
 from kvspec.spec.allocator import new_pages_available, swa_tail_split, swa_tail_starts_on_page, validate_pool_config
 from kvspec.spec.notation import MAPPING_SENTINEL, NO_SWA_PEER
 from kvspec.spec.outcomes import InvalidAllocation, InvalidConfig, InvalidFree, OutOfMemory
@@ -59,6 +59,15 @@ class HybridAllocator:
     def state(self) -> AllocatorState:
         return AllocatorState(self.page_size, self.size_full, self.full.state(), self.swa.state(),
                               tuple(self.mapping.tolist()))
+
+    def partial_state(self, held_full_slots: Sequence[int]) -> AllocatorState:
+        """[OBS-4] Free counts instead of free lists, the mapping at `held_full_slots` only:
+        no cost that grows with the pools."""
+        slots = sorted(set(held_full_slots))
+        peers = self.translate(slots).tolist() if slots else []
+        return AllocatorState(self.page_size, self.size_full, self.full.state(partial=True),
+                              self.swa.state(partial=True),
+                              PartialMapping(len(self.mapping), dict(zip(slots, peers))))
 
     # -- allocation -------------------------------------------------------------------
 

@@ -37,22 +37,31 @@ class PoolAllocator:
 
     def clear(self) -> None:
         """Every page free, no open free group."""
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        # The free list as a stack: free_stack[:free_top] holds the free pages, the next
+        # one to take on top. A free pushes, an allocation pops: neither copies the pool.
+        self.free_stack = torch.arange(self.num_pages, 0, -1, dtype=torch.int64, device=self.device)
+        self.free_top = self.num_pages
         self.page_is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
         self.page_is_free[PADDING_PAGE] = False
         self.page_is_pending = torch.zeros_like(self.page_is_free)
         self.pending: list[torch.Tensor] | None = None
 
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The free pages, the next one to take first."""
+        return self.free_stack[:self.free_top].flip(0)
+
     def available_pages(self) -> int:
-        return int(self.free_pages.numel())
+        return self.free_top
 
     def available_size(self) -> int:
         return self.available_pages() * self.page_size
 
-    def state(self) -> PoolState:
+    def state(self, partial: bool = False) -> PoolState:
+        """What the pool shows; `partial` [OBS-4]: the free count, not the free list."""
         pending = torch.cat(self.pending).tolist() if self.pending else []
-        return PoolState(self.name, self.page_size, self.num_pages,
-                         tuple(self.free_pages.tolist()), tuple(pending))
+        free = None if partial else tuple(self.free_pages.tolist())
+        return PoolState(self.name, self.page_size, self.num_pages, free, tuple(pending), self.free_top)
 
     def page_slots(self, pages: torch.Tensor) -> Slots:
         """All slots of the given pages, page by page."""
@@ -65,7 +74,8 @@ class PoolAllocator:
         """Pop `count` free pages."""
         if count > self.available_pages():
             return OutOfMemory(self.name, count, self.available_pages())
-        pages, self.free_pages = self.free_pages[:count], self.free_pages[count:]
+        self.free_top -= count
+        pages = self.free_stack[self.free_top:self.free_top + count].flip(0)
         self.page_is_free[pages] = False
         return pages
 
@@ -181,7 +191,9 @@ class PoolAllocator:
             self.pending.append(pages)
             return
         self.page_is_free[pages] = True
-        self.free_pages = torch.cat((pages, self.free_pages))  # freed pages are reused first, as in SGLang
+        # freed pages are reused first, as in SGLang: pages[0] ends on top
+        self.free_stack[self.free_top:self.free_top + pages.numel()] = pages.flip(0)
+        self.free_top += pages.numel()
 
     def free(self, slots: Slots) -> None:
         """[ALLOC-6] Page-granular: any slot frees its whole page."""

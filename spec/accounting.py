@@ -26,9 +26,35 @@ class PoolState:
     name: str
     page_size: int
     num_pages: int
-    free_pages: tuple[PageId, ...]
+    free_pages: tuple[PageId, ...] | None
+    """The free list, a multiset; None in a partial snapshot [OBS-4], which shows only
+    `free_count`."""
     pending_pages: tuple[PageId, ...] = ()
     """Pages freed inside an open free group: no longer the caller's, not yet free."""
+    free_count: int = -1
+    """The length of the free list (set from `free_pages` when they are shown)."""
+
+    def __post_init__(self):
+        if self.free_pages is not None:
+            object.__setattr__(self, "free_count", len(self.free_pages))
+
+
+@dataclass(frozen=True)
+class PartialMapping(Sequence):
+    """[OBS-4] The full->SWA mapping as a partial snapshot shows it: its length, and its
+    entries at the full slots the snapshot's holders name (reading another is a
+    KeyError, which a check reports as a snapshot it cannot read)."""
+
+    length: int
+    entries: dict[SlotId, SlotId]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, slot):
+        if slot in (-1, self.length - 1):
+            return MAPPING_SENTINEL
+        return self.entries[slot]
 
 
 @dataclass(frozen=True)
@@ -55,20 +81,26 @@ def free_list_violations(pool: PoolState) -> list[Violation]:
     """[I1, I16] A free list holds each page at most once, never the padding page, only
     ids of the pool; a page waits in a free group at most once and is not also free."""
     found = []
-    counts = Counter(pool.free_pages)
-    for page, count in sorted(counts.items()):
-        if page == PADDING_PAGE:
-            found.append(Violation("I1", f"{pool.name} pool: padding page 0 is in the free list"))
-        elif not 1 <= page <= pool.num_pages:
-            found.append(Violation("I1", f"{pool.name} pool: page {page} is not a page of the pool (1..{pool.num_pages})"))
-        if count > 1:
-            found.append(Violation("I1", f"{pool.name} pool: page {page} is {count} times in the free list"))
-    for page in sorted(set(pool.pending_pages) & set(counts)):
+    free = pool.free_pages or ()  # a partial snapshot [OBS-4]: the pending pages only
+    distinct = set(free)
+    # the common case in C (set, min, max); the page-by-page walk only when it fails
+    if len(distinct) < len(free) or (distinct and not 1 <= min(distinct) <= max(distinct) <= pool.num_pages):
+        for page, count in sorted(Counter(free).items()):
+            if page == PADDING_PAGE:
+                found.append(Violation("I1", f"{pool.name} pool: padding page 0 is in the free list"))
+            elif not 1 <= page <= pool.num_pages:
+                found.append(Violation("I1", f"{pool.name} pool: page {page} is not a page of the pool (1..{pool.num_pages})"))
+            if count > 1:
+                found.append(Violation("I1", f"{pool.name} pool: page {page} is {count} times in the free list"))
+    for page in sorted(distinct.intersection(pool.pending_pages)):
         found.append(Violation("I1", f"{pool.name} pool: page {page} is free and also pending in a free group"))
-    for page, count in sorted(Counter(pool.pending_pages).items()):
-        if count > 1:
-            found.append(Violation("I16", f"{pool.name} pool: page {page} is queued {count} times in the free group"))
-    return found
+    return found + pending_violations(pool)
+
+
+def pending_violations(pool: PoolState) -> list[Violation]:
+    """[I16] A page waits in a free group at most once."""
+    return [Violation("I16", f"{pool.name} pool: page {page} is queued {count} times in the free group")
+            for page, count in sorted(Counter(pool.pending_pages).items()) if count > 1]
 
 
 def pages_of(slots: Iterable[SlotId], page_size: int) -> set[PageId]:
@@ -98,11 +130,11 @@ def conservation_violations(pool: PoolState, held_pages: Sequence[PageId], claus
     """[I2, I3] Every page (I2 for the full pool, I3 for the SWA pool) is accounted for exactly once:
     free + pending + held == all pages. A leak shows as too few, a double
     allocation or a double free as too many."""
-    accounted = len(pool.free_pages) + len(pool.pending_pages) + len(held_pages)
+    accounted = pool.free_count + len(pool.pending_pages) + len(held_pages)
     if accounted == pool.num_pages:
         return []
     return [Violation(clause, (
-        f"{pool.name} pool: {len(pool.free_pages)} free + {len(pool.pending_pages)} pending + "
+        f"{pool.name} pool: {pool.free_count} free + {len(pool.pending_pages)} pending + "
         f"{len(held_pages)} held = {accounted} pages, but the pool has {pool.num_pages}"
         + (" (leaked pages)" if accounted < pool.num_pages else " (a page counted twice)")))]
 
@@ -118,7 +150,8 @@ def ownership_violations(pool: PoolState, held_pages: Sequence[PageId]) -> list[
     for page, count in sorted(Counter(held_pages).items()):
         if count > 1:
             found.append(Violation("I4", f"{pool.name} pool: page {page} is held by {count} owners"))
-    for page in sorted(set(held_pages) & (set(pool.free_pages) | set(pool.pending_pages))):
+    held = set(held_pages)  # intersection() walks the free list in C, building no set of it
+    for page in sorted(held.intersection(pool.free_pages or ()) | held.intersection(pool.pending_pages)):
         found.append(Violation("I4", f"{pool.name} pool: held page {page} is also free or pending"))
     return found
 
@@ -134,7 +167,9 @@ def mapping_violations(mapping: Sequence[SlotId], size_full: int, page_size: int
         found.append(Violation("I5", f"mapping must have {size_full + page_size + 1} entries ending in -1 "
                                      f"(has {len(mapping)}, last {mapping[-1] if mapping else None})"))
         return found
-    swa_free = set(swa.free_pages) | set(swa.pending_pages)
+    peer_pages = {peer // page_size for sequence in sequences for position in sequence.swa_live_positions()
+                  if (peer := mapping[sequence.slot(position)]) > 0}
+    swa_free = peer_pages.intersection(swa.free_pages or ()) | peer_pages.intersection(swa.pending_pages)
     live: dict[SlotId, SlotId] = {}
     for sequence in sequences:
         for position in sequence.swa_live_positions():
@@ -162,6 +197,13 @@ def mapping_violations(mapping: Sequence[SlotId], size_full: int, page_size: int
         first = swa_page_of_full_page.setdefault(full_page, peer // page_size)
         if first != peer // page_size:
             found.append(Violation("I5", f"full page {full_page} maps into SWA pages {first} and {peer // page_size}"))
+    if isinstance(mapping, PartialMapping):  # [OBS-4] the rest of the mapping is not shown
+        return found
+    # every live slot maps above 0 (else reported above): the rest are all 0 exactly when
+    # the mapping has as many non-zero entries as live slots (counted in C)
+    mapped = len(mapping) - 1 - mapping[:-1].count(NO_SWA_PEER)
+    if mapped == sum(peer > 0 for peer in live.values()):
+        return found
     for full_slot in range(size_full + page_size):
         if full_slot not in live and mapping[full_slot] != NO_SWA_PEER:
             found.append(Violation("I5", f"full slot {full_slot} holds no live SWA position but maps to {mapping[full_slot]} (stale mapping)"))
@@ -193,7 +235,8 @@ class AllocatorState:
     size_full: int
     full: PoolState
     swa: PoolState
-    mapping: tuple[SlotId, ...]
+    mapping: Sequence[SlotId]
+    """A tuple, or a PartialMapping in a partial snapshot [OBS-4]."""
 
 
 def allocator_violations(state: AllocatorState, sequences: Sequence[HeldSequence]) -> list[Violation]:

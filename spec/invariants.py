@@ -29,6 +29,7 @@ from .accounting import (
     held_swa_pages,
     mapping_violations,
     ownership_violations,
+    pending_violations,
 )
 from .notation import Position, SlotId, Violation
 from .pages import ceil_page
@@ -167,8 +168,7 @@ def engine_alignment_violations(now: EngineSnapshot) -> list[Violation]:
 def free_group_violations(now: EngineSnapshot) -> list[Violation]:
     """[I16] No page waits twice in an open free group (the rest of I16 is I1-I5, which
     count pending pages)."""
-    pools = (now.allocator.full, now.allocator.swa)
-    return [v for pool in pools for v in free_list_violations(pool) if v.clause == "I16"]
+    return [*pending_violations(now.allocator.full), *pending_violations(now.allocator.swa)]
 
 
 # -- cursors --------------------------------------------------------------------------------

@@ -121,7 +121,23 @@ def fixed_observables(snapshot: EngineSnapshot, outcome: str) -> dict:
     pages per pool, and per request [seq_len, kv_committed_len, kv_allocated_len,
     cache_protected_len, swa_evicted_seqlen]."""
     return {"outcome": outcome,
-            "free_full_pages": len(snapshot.allocator.full.free_pages),
-            "free_swa_pages": len(snapshot.allocator.swa.free_pages),
+            "free_full_pages": snapshot.allocator.full.free_count,
+            "free_swa_pages": snapshot.allocator.swa.free_count,
             "requests": {r.rid: [r.seq_len, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len,
                                  r.swa_evicted_seqlen] for r in snapshot.requests}}
+
+
+POOL_CHECK_SLOTS = 4096
+"""[OBS-4] Pool slots per step of checking budget: a whole snapshot every
+pool_check_period steps costs about as much per step as one of this many slots."""
+
+
+def pool_check_period(config: EngineConfig) -> int:
+    """[OBS-4] The most steps between two whole snapshots: 1 (every step) up to
+    POOL_CHECK_SLOTS slots in both pools, then one step more per POOL_CHECK_SLOTS, so the
+    pool-wide checks cost the same per step at any pool size.
+
+    pre: config.size_full >= 0 and config.size_swa >= 0
+    post: __return__ >= 1
+    """
+    return max(1, (config.size_full + config.size_swa) // POOL_CHECK_SLOTS)

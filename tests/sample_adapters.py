@@ -104,7 +104,7 @@ def highest_pages_first(allocator: HybridAllocator) -> HybridAllocator:
     """The same allocator handing out its pages in the opposite order (MODEL-5: no check
     may care which free page an allocation returns)."""
     for pool in (allocator.full, allocator.swa):
-        pool.free_pages = pool.free_pages.flip(0)
+        pool.free_stack[:pool.free_top] = pool.free_stack[:pool.free_top].flip(0).clone()
     return allocator
 
 

@@ -252,3 +252,10 @@ class SglangEngine:
         nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
         return EngineSnapshot(self.config, allocator_state(self.allocator),
                               tuple(self.request_view(rid, req) for rid, req in self.requests.items()), nodes, ledgers)
+
+    def partial_snapshot(self) -> EngineSnapshot:
+        """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
+        nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
+        requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
+        held = [slot for r in requests for slot in r.row] + [slot for node in nodes for slot in node.full_value]
+        return EngineSnapshot(self.config, allocator_state(self.allocator, held), requests, nodes, ledgers)
