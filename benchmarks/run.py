@@ -237,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs, two zoo mutants, two seeds (CI)")
     parser.add_argument("--sections", nargs="+", choices=("speed", "scaling", "detection", "gpu"),
                         default=["speed", "scaling", "detection", "gpu"], help="what to measure (default: all)")
+    parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
+                        help="engines of the speed and scaling runs (default: every one installed)")
     parser.add_argument("--steps", type=int, help="lifecycle steps per run (default 10000; quick 600)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
     parser.add_argument("-n", "--workers", type=int, default=2, help="worker processes for detection (default 2)")
@@ -248,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 1:
         parser.error("--steps must be >= 1")
     torch.set_num_threads(1)  # the engines' tensors are tiny: threads only add overhead
-    engines = [engine for engine in ENGINES if installed(engine)]
+    engines = [engine for engine in arguments.engines if installed(engine)]
     skipped = [f"{engine} (pip install --no-deps -r adapters/{ENGINES[engine]}/requirements.txt)"
-               for engine in ENGINES if not installed(engine)]
+               for engine in arguments.engines if not installed(engine)]
     out = Path(arguments.out)
     out.mkdir(parents=True, exist_ok=True)
     started, clock = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()

@@ -192,8 +192,12 @@ class PoolAllocator:
             return
         self.page_is_free[pages] = True
         # freed pages are reused first, as in SGLang: pages[0] ends on top
-        self.free_stack[self.free_top:self.free_top + pages.numel()] = pages.flip(0)
-        self.free_top += pages.numel()
+        end = self.free_top + pages.numel()
+        if end > self.free_stack.numel():  # more free pages than the pool has: only a seeded bug
+            grown = torch.zeros(end - self.free_stack.numel(), dtype=torch.int64, device=self.device)
+            self.free_stack = torch.cat((self.free_stack, grown))
+        self.free_stack[self.free_top:end] = pages.flip(0)
+        self.free_top = end
 
     def free(self, slots: Slots) -> None:
         """[ALLOC-6] Page-granular: any slot frees its whole page."""
