@@ -42,7 +42,8 @@ def test_a_partial_snapshot_is_the_whole_one_less_the_free_lists_and_the_unheld_
         assert hidden.free_pages is None and hidden.free_count == shown.free_count == len(shown.free_pages)
     mapping = partial.allocator.mapping
     assert isinstance(mapping, PartialMapping) and len(mapping) == len(whole.allocator.mapping)
-    assert mapping.entries and all(whole.allocator.mapping[slot] == peer for slot, peer in mapping.entries.items())
+    held = {slot for r in whole.requests for slot in r.row} | {slot for n in whole.nodes for slot in n.full_value}
+    assert set(mapping.entries) == held and all(whole.allocator.mapping[slot] == peer for slot, peer in mapping.entries.items())
     assert fixed_observables(partial, "ok") == fixed_observables(whole, "ok")
     assert engine_violations(None, None, whole) == engine_violations(None, None, partial) == []
 

@@ -66,3 +66,34 @@ def test_the_torchvision_stub_only_stands_in_and_never_runs():
     if getattr(torchvision, "__version__", "").endswith("kvspec.stub"):
         with pytest.raises(RuntimeError, match="stub"):
             torchvision.transforms.Resize(4)
+
+
+@pytest.mark.parametrize("adapter", ["sglang", "sglang-python"])
+def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unheld_mapping(adapter):
+    """[OBS-4] With large pools SGLang is checked on partial snapshots: free counts read
+    off its free and release pages, the mapping at the held slots."""
+    from kvspec.spec.accounting import PartialMapping
+    from kvspec.conformance.checks import Tally, engine_violations
+    from kvspec.spec.snapshot import POOL_CHECK_SLOTS, fixed_observables
+
+    size = 16 * POOL_CHECK_SLOTS
+    adapter = load_adapter(adapter)
+    engine = adapter.make_engine(EngineConfig(4, 8, size, size, 4, Policy()))
+    engine.admit("a", [1, 2, 3] * 10)
+    engine.prefill_chunk("a", 30, 7)
+    for token in range(12):
+        engine.decode("a", token)
+    engine.finish("a", 0)
+    engine.admit("b", [1, 2, 3] * 6)
+    engine.prefill_chunk("b", 18, 7)
+    whole, partial = engine.snapshot(), engine.partial_snapshot()
+    assert partial.requests == whole.requests and partial.nodes == whole.nodes and partial.ledgers == whole.ledgers
+    for pool in ("full", "swa"):
+        shown, hidden = getattr(whole.allocator, pool), getattr(partial.allocator, pool)
+        assert hidden.free_pages is None and hidden.free_count == len(shown.free_pages)
+    held = {slot for r in whole.requests for slot in r.row} | {slot for n in whole.nodes for slot in n.full_value}
+    assert isinstance(partial.allocator.mapping, PartialMapping) and set(partial.allocator.mapping.entries) == held
+    assert all(whole.allocator.mapping[slot] == peer for slot, peer in partial.allocator.mapping.entries.items())
+    assert fixed_observables(partial, "ok") == fixed_observables(whole, "ok")
+    for snapshot in (whole, partial):  # what the adapter shows (the Rust core: no tree)
+        assert engine_violations(None, None, snapshot, adapter.observables, Tally()) == []
