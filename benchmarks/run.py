@@ -28,9 +28,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
-
 import detection
+import torch
 from workload import Workload, small_pools
 
 from kvspec.adapters.reference import ReferenceEngineAdapter

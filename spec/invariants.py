@@ -18,6 +18,8 @@ Who holds what (for the allocator invariants I1-I6 of spec/accounting.py, reused
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import wraps
+from typing import Any
 
 from . import block_pool
 from .accounting import (
@@ -101,15 +103,39 @@ def node_holding(node: NodeView) -> HeldSequence:
     return HeldSequence(node.full_value, node.start, node.start if node.swa_value is not None else node.end)
 
 
-def holders(snapshot: EngineSnapshot) -> list[tuple[str, HeldSequence]]:
+def per_snapshot(function: Callable[[EngineSnapshot], Any]) -> Callable[[EngineSnapshot], Any]:
+    """Remember a function of one snapshot for the last snapshot it was given: several
+    checks read the same holders after each step. Snapshots are immutable, so this
+    changes no result (and holding the last one keeps its identity from being reused)."""
+    last: list = [None, None]
+
+    @wraps(function)
+    def remembered(snapshot: EngineSnapshot):
+        if last[0] is not snapshot:
+            last[:] = snapshot, function(snapshot)
+        return last[1]
+
+    return remembered
+
+
+@per_snapshot
+def holders(snapshot: EngineSnapshot) -> tuple[tuple[str, HeldSequence], ...]:
     """Who holds what (module docstring), each holder named for messages."""
-    return ([(f"request {r.rid}", request_holding(r)) for r in snapshot.requests]
-            + [(f"node {node.node_id}", node_holding(node)) for node in non_root_nodes(snapshot)])
+    return (*((f"request {r.rid}", request_holding(r)) for r in snapshot.requests),
+            *((f"node {node.node_id}", node_holding(node)) for node in non_root_nodes(snapshot)))
 
 
-def held_sequences(snapshot: EngineSnapshot) -> list[HeldSequence]:
+@per_snapshot
+def held_sequences(snapshot: EngineSnapshot) -> tuple[HeldSequence, ...]:
     """[OBS-1] What every holder holds: requests their private positions, nodes theirs."""
-    return [sequence for _, sequence in holders(snapshot)]
+    return tuple(sequence for _, sequence in holders(snapshot))
+
+
+@per_snapshot
+def held_pages(snapshot: EngineSnapshot) -> tuple[list, list]:
+    """The full and the SWA pages every holder holds, each once per holder (I2-I4)."""
+    sequences, page_size = held_sequences(snapshot), snapshot.config.page_size
+    return held_full_pages(sequences, page_size), held_swa_pages(sequences, snapshot.allocator.mapping, page_size)
 
 
 # -- allocator invariants over the engine's holders (spec/accounting.py) -------------------
@@ -123,22 +149,19 @@ def engine_free_list_violations(now: EngineSnapshot) -> list[Violation]:
 def full_conservation_violations(now: EngineSnapshot) -> list[Violation]:
     """[I2] free + pending + held full pages == all full pages; requests hold [cpl, L),
     nodes their full values."""
-    held = held_full_pages(held_sequences(now), now.config.page_size)
-    return conservation_violations(now.allocator.full, held, "I2")
+    return conservation_violations(now.allocator.full, held_pages(now)[0], "I2")
 
 
 def swa_conservation_violations(now: EngineSnapshot) -> list[Violation]:
     """[I3] free + pending + held SWA pages == all SWA pages; requests hold the peers of
     [max(e, cpl), L), non-tombstone nodes the peers of their full values."""
-    held = held_swa_pages(held_sequences(now), now.allocator.mapping, now.config.page_size)
-    return conservation_violations(now.allocator.swa, held, "I3")
+    return conservation_violations(now.allocator.swa, held_pages(now)[1], "I3")
 
 
 def engine_ownership_violations(now: EngineSnapshot) -> list[Violation]:
     """[I4] Each held page, full or SWA, has one holder (a request or a node) and is not free."""
-    sequences, allocator, page_size = held_sequences(now), now.allocator, now.config.page_size
-    return [*ownership_violations(allocator.full, held_full_pages(sequences, page_size)),
-            *ownership_violations(allocator.swa, held_swa_pages(sequences, allocator.mapping, page_size))]
+    full, swa = held_pages(now)
+    return [*ownership_violations(now.allocator.full, full), *ownership_violations(now.allocator.swa, swa)]
 
 
 def engine_mapping_violations(now: EngineSnapshot) -> list[Violation]:

@@ -10,11 +10,11 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import run  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
-from workload import Workload, small_pools  # noqa: E402
+import run
+from workload import Workload, small_pools
 
-from kvspec.conformance.protocol import load_adapter  # noqa: E402
-from kvspec.spec.window import Policy  # noqa: E402
+from kvspec.conformance.protocol import load_adapter
+from kvspec.spec.window import Policy
 
 
 def test_a_short_run_writes_markdown_json_and_a_picture(tmp_path):

@@ -31,6 +31,7 @@ the snapshot can compare what a consumer of the events knows with the real map (
 """
 
 from collections import Counter
+from functools import lru_cache
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolView, RequestBlocks
@@ -213,8 +214,12 @@ class VllmEngine:
 
     # -- what it shows --------------------------------------------------------------------
 
-    def key(self, block_hash) -> tuple[int, int]:
-        v = self.v
+    @staticmethod
+    @lru_cache(maxsize=1 << 16)
+    def key(block_hash) -> tuple[int, int]:
+        """(hash, group) of a block's key. Cached: vLLM's conversion reads an environment
+        variable per call, which made it most of a snapshot's time."""
+        v = vllm()
         return v.maybe_convert_block_hash(v.get_block_hash(block_hash)), v.get_group_id(block_hash)
 
     def replay_events(self) -> None:
