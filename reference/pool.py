@@ -9,6 +9,7 @@ Every operation validates its arguments before it changes anything, so an error 
 `OutOfMemory` leaves the pool exactly as it was (ALLOC-4, ALLOC-6).
 """
 
+from collections import Counter
 from typing import Sequence
 
 import torch
@@ -162,20 +163,22 @@ class PoolAllocator:
         """[ALLOC-6] The distinct pages of `slots`, after checking the caller holds them:
         no padding page, no slot named twice, no page that is free or pending."""
         slots = torch.as_tensor(slots, dtype=torch.int64, device=self.device).reshape(-1)
-        if slots.numel() == 0:
+        # the checks on the ids themselves run on a list: a free names a few slots, and
+        # one torch call per check would cost more than the loop
+        values = slots.tolist()
+        if not values:
             return slots
-        bad = slots[(slots < 0) | (slots >= self.size + self.page_size)]
-        if bad.numel():
-            raise InvalidFree(f"{self.name} pool: {operation}: slots {bad.tolist()} are not slots of the pool", bad.tolist())
-        pages = slots // self.page_size
-        padding = slots[pages == PADDING_PAGE]
-        if padding.numel():
-            raise InvalidFree(f"{self.name} pool: {operation}: slots {padding.tolist()} are on the padding page 0, "
-                              f"which is never allocated", padding.tolist())
-        unique_slots, counts = torch.unique(slots, return_counts=True)
-        if (counts > 1).any():
-            twice = unique_slots[counts > 1].tolist()
+        bad = [slot for slot in values if not 0 <= slot < self.size + self.page_size]
+        if bad:
+            raise InvalidFree(f"{self.name} pool: {operation}: slots {bad} are not slots of the pool", bad)
+        padding = [slot for slot in values if slot // self.page_size == PADDING_PAGE]
+        if padding:
+            raise InvalidFree(f"{self.name} pool: {operation}: slots {padding} are on the padding page 0, "
+                              f"which is never allocated", padding)
+        if len(set(values)) < len(values):
+            twice = sorted(slot for slot, count in Counter(values).items() if count > 1)
             raise InvalidFree(f"{self.name} pool: {operation}: slots {twice} are named more than once (double free)", twice)
+        pages = slots // self.page_size
         unheld = slots[self.page_is_free[pages] | self.page_is_pending[pages]]
         if unheld.numel():
             raise InvalidFree(f"{self.name} pool: {operation}: slots {unheld.tolist()} lie on pages that are already "
