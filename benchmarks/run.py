@@ -11,6 +11,7 @@ as ratios, since this machine is shared and noisy:
   overhead  checked over unchecked time per step, per engine (from the speed runs);
   scaling   time per step at pools of 1K, 64K and 1M slots (same workload, the prefix
             cache held to the same budget), reference and SGLang, unchecked and checked;
+  profile   where a checked step's time goes, per engine (engine, snapshot, each check);
   detection per bug-zoo mutant, time to the first counterexample and shrunk length
             over several seeds (detection.py);
   gpu       the speed runs of the reference on CUDA, when a GPU is present.
@@ -19,10 +20,12 @@ DIR/results.json and a picture, DIR/results.png.
 """
 
 import argparse
+import cProfile
 import dataclasses
 import importlib.util
 import json
 import platform
+import pstats
 import sys
 import time
 from functools import partial
@@ -41,8 +44,8 @@ WINDOW = 24
 INTERVAL = 16  # SGLang's default decode eviction interval is larger; 16 makes eviction frequent
 SCALING_POOLS = (1 << 10, 1 << 16, 1 << 20)
 CACHE_BUDGET = 512  # tokens the scaling workload keeps cached at any pool size
-MODES = {"full": dict(steps=10_000, seeds=10, zoo=("reference", "sglang", "vllm"), only=None),
-         "quick": dict(steps=600, seeds=2, zoo=("reference",), only=["mutant-stale-mapping", "mutant-leak-on-release"])}
+MODES = {"full": dict(steps=10_000, rounds=3, seeds=10, zoo=("reference", "sglang", "vllm"), only=None),
+         "quick": dict(steps=600, rounds=1, seeds=2, zoo=("reference",), only=["mutant-stale-mapping", "mutant-leak-on-release"])}
 ENGINES = {"reference": None, "sglang-python": "sglang", "sglang": "sglang", "vllm": "vllm"}
 """Each engine of the speed runs, and the package it needs."""
 
@@ -65,41 +68,81 @@ def policy_of(adapter) -> Policy:
 def timed(adapter, config: EngineConfig, steps: int, seed: int, check: bool, cache_budget=None) -> dict:
     workload = Workload(adapter, config, seed, check, cache_budget)
     seconds = workload.run(steps)
-    return dict(steps=workload.steps, seconds=round(seconds, 4), us_per_step=round(1e6 * seconds / workload.steps, 1),
-                steps_per_second=round(workload.steps / seconds, 1), operations=dict(sorted(workload.counts.items())))
+    return {"steps": workload.steps, "seconds": round(seconds, 4), "us_per_step": round(1e6 * seconds / workload.steps, 1),
+            "steps_per_second": round(workload.steps / seconds, 1), "operations": dict(sorted(workload.counts.items()))}
 
 
-def pair(adapter, config, steps, seed, progress, label, cache_budget=None) -> list[dict]:
-    """Unchecked then checked, the same workload: two rows, the second with the ratio."""
-    rows = []
-    for mode, check in (("unchecked", False), ("checked", True)):
-        row = dict(label, mode=mode, **timed(adapter, config, steps, seed, check, cache_budget))
-        rows.append(row)
-        progress(f"  {' '.join(f'{k}={v}' for k, v in label.items())} {mode}: {row['steps_per_second']:,.0f} steps/s")
-    rows[1]["checked_over_unchecked"] = round(rows[1]["us_per_step"] / rows[0]["us_per_step"], 2)
+def measure(cases: list[tuple], steps: int, seed: int, rounds: int, progress) -> list[dict]:
+    """Each case (label, adapter, config, cache budget) unchecked then checked, the same
+    workload. All cases run once per round, interleaved, and each keeps its fastest
+    round: load that comes and goes on a shared machine then hits every case alike."""
+    best: dict[tuple, dict] = {}
+    for round_ in range(rounds):
+        for label, adapter, config, cache_budget in cases:
+            for mode, check in (("unchecked", False), ("checked", True)):
+                row = {**label, "mode": mode, **timed(adapter, config, steps, seed, check, cache_budget)}
+                key = (*label.values(), mode)
+                if key not in best or row["seconds"] < best[key]["seconds"]:
+                    best[key] = row
+                progress(f"  round {round_ + 1}/{rounds} {' '.join(f'{k}={v}' for k, v in label.items())} {mode}: "
+                         f"{row['steps_per_second']:,.0f} steps/s")
+    rows = list(best.values())
+    for unchecked, checked in zip(rows[::2], rows[1::2]):
+        checked["checked_over_unchecked"] = round(checked["us_per_step"] / unchecked["us_per_step"], 2)
     return rows
 
 
 # -- sections ---------------------------------------------------------------------------
 
-def speed(engines, steps, seed, progress, device="cpu") -> list[dict]:
-    rows = []
+def speed(engines, steps, seed, rounds, progress, device="cpu") -> list[dict]:
+    cases = []
     for engine in engines:
         adapter = adapter_of(engine, device)
         for page_size in (1, 16):
-            config = small_pools(page_size, WINDOW, policy_of(adapter))
-            rows += pair(adapter, config, steps, seed, progress, dict(engine=engine, device=device, page_size=page_size))
-    return rows
+            label = {"engine": engine, "device": device, "page_size": page_size}
+            cases.append((label, adapter, small_pools(page_size, WINDOW, policy_of(adapter)), None))
+    return measure(cases, steps, seed, rounds, progress)
 
 
-def scaling(engines, steps, seed, progress) -> list[dict]:
-    rows = []
+def scaling(engines, steps, seed, rounds, progress) -> list[dict]:
+    cases = []
     for engine in engines:
         adapter = adapter_of(engine)
         for slots in SCALING_POOLS:
             config = EngineConfig(1, WINDOW, slots, slots, 4, policy_of(adapter))
-            label = dict(engine=engine, pool_slots=slots, whole_snapshot_every=pool_check_period(config))
-            rows += pair(adapter, config, steps, seed, progress, label, CACHE_BUDGET)
+            label = {"engine": engine, "pool_slots": slots, "whole_snapshot_every": pool_check_period(config)}
+            cases.append((label, adapter, config, CACHE_BUDGET))
+    return measure(cases, steps, seed, rounds, progress)
+
+
+def profile(engines, steps, seed, progress) -> list[dict]:
+    """Where a checked step's time goes, per engine (page size 1): the engine's own
+    operation, the snapshot, and each invariant check, as shares of the run under
+    cProfile (which slows everything alike, so only the shares are reported)."""
+    from kvspec.conformance.checks import ENGINE_CHECKS
+
+    rows = []
+    for engine in engines:
+        adapter = adapter_of(engine)
+        workload = Workload(adapter, small_pools(1, WINDOW, policy_of(adapter)), seed, check=True)
+        profiler = cProfile.Profile()
+        profiler.runcall(workload.run, steps)
+        stats = pstats.Stats(profiler).stats  # (file, line, function) -> (calls, ..., cumulative time, callers)
+
+        def cumulative(file_end: str, function: str) -> float:
+            return sum(entry[3] for (file, _, name), entry in stats.items() if file.endswith(file_end) and name == function)
+
+        total, check = cumulative("workload.py", "run"), cumulative("engine_driver.py", "check")
+        snapshot = cumulative("engine_driver.py", "snapshot")
+        parts = {"engine operation": cumulative("engine_driver.py", "call") - check, "snapshot": snapshot}
+        for c in ENGINE_CHECKS:
+            if c.needs <= adapter.observables:
+                parts[c.clause] = parts.get(c.clause, 0) + cumulative(c.function.__code__.co_filename[-20:],
+                                                                      c.function.__name__)
+        parts["harness and workload"] = total - sum(parts.values())
+        shares = {part: round(100 * seconds / total, 1) for part, seconds in parts.items()}
+        rows.append(dict(engine=engine, steps=workload.steps, shares=dict(sorted(shares.items(), key=lambda kv: -kv[1]))))
+        progress(f"  {engine}: " + ", ".join(f"{part} {share}%" for part, share in list(rows[-1]["shares"].items())[:5]))
     return rows
 
 
@@ -107,7 +150,7 @@ def gpu(steps, seed, progress) -> list[dict] | str:
     if not torch.cuda.is_available():
         return "skipped: no CUDA device (torch.cuda.is_available() is False)"
     progress(f"gpu: {torch.cuda.get_device_name(0)}")
-    return speed(["reference"], steps, seed, progress, device="cpu") + speed(["reference"], steps, seed, progress, "cuda")
+    return speed(["reference"], steps, seed, 1, progress, "cpu") + speed(["reference"], steps, seed, 1, progress, "cuda")
 
 
 # -- goals ------------------------------------------------------------------------------
@@ -166,7 +209,8 @@ def markdown(results: dict) -> str:
     meta = results["run"]
     parts = [f"# kvspec benchmarks ({meta['mode']} mode)",
              f"{meta['started']}, {meta['seconds']:.0f} s; Python {meta['python']}, torch {meta['torch']}, "
-             f"{meta['machine']}; {meta['steps']} steps per run, window {WINDOW}, seed {meta['seed']}; "
+             f"{meta['machine']}; {meta['steps']} steps per run, the fastest of {meta['rounds']} interleaved rounds, "
+             f"window {WINDOW}, seed {meta['seed']}; "
              f"engines skipped: {', '.join(meta['skipped']) or 'none'}."]
     if "speed" in results:
         parts += ["## Speed and checking overhead",
@@ -182,6 +226,13 @@ def markdown(results: dict) -> str:
                           f"{r['steps_per_second']:,.0f}", f"{r['us_per_step']:,.0f}",
                           f"{r['checked_over_unchecked']:.2f}x" if "checked_over_unchecked" in r else ""]
                          for r in results["scaling"]])]
+    if "profile" in results:
+        parts += ["## Where a checked step's time goes",
+                  "One checked run per engine at page size 1 under cProfile: shares of its time, by the engine's "
+                  "own operation, taking the snapshot, and each clause's checks (largest first).",
+                  table(["engine", "shares of a checked run's time"],
+                        [[r["engine"], ", ".join(f"{part} {share:.0f}%" for part, share in r["shares"].items()
+                                                 if share >= 1)] for r in results["profile"]])]
     if "detection" in results:
         parts += ["## Detection", f"Each bug-zoo mutant on its exposing run (`kvspec zoo`, ci profile) over "
                   f"{meta['seeds']} seeds: seconds to the first counterexample (before shrinking) and shrunk length.",
@@ -213,7 +264,8 @@ def plot(results: dict, path: Path) -> bool:
     left.set_xticks(range(len(labels)), labels, fontsize=8)
     left.set_ylabel("lifecycle steps per second")
     left.set_title("Speed: the same workload, each engine")
-    left.legend()
+    if speed_rows:
+        left.legend()
     for engine in dict.fromkeys(r["engine"] for r in results.get("scaling", [])):
         for mode, style in (("unchecked", "--"), ("checked", "-")):
             points = [(r["pool_slots"], r["us_per_step"]) for r in results["scaling"] if r["engine"] == engine and r["mode"] == mode]
@@ -223,7 +275,8 @@ def plot(results: dict, path: Path) -> bool:
     right.set_ylabel("µs per step")
     right.set_ylim(bottom=0)
     right.set_title("Scaling: time per step against the pool size")
-    right.legend(fontsize=8)
+    if results.get("scaling"):
+        right.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -234,20 +287,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs, two zoo mutants, two seeds (CI)")
-    parser.add_argument("--sections", nargs="+", choices=("speed", "scaling", "detection", "gpu"),
-                        default=["speed", "scaling", "detection", "gpu"], help="what to measure (default: all)")
+    parser.add_argument("--sections", nargs="+", choices=("speed", "scaling", "profile", "detection", "gpu"),
+                        default=["speed", "scaling", "profile", "detection", "gpu"], help="what to measure (default: all)")
     parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
                         help="engines of the speed and scaling runs (default: every one installed)")
     parser.add_argument("--steps", type=int, help="lifecycle steps per run (default 10000; quick 600)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the speed and scaling runs, each run "
+                                                    "keeping its fastest (default 3; quick 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
     parser.add_argument("-n", "--workers", type=int, default=2, help="worker processes for detection (default 2)")
+    parser.add_argument("--detection-json", nargs="+", metavar="FILE",
+                        help="take the detection rows from these files of detection.py --json instead of "
+                             "measuring them again (the long part of a full run)")
     parser.add_argument("--out", default="benchmarks/results", help="where results.md/.json/.png go")
     arguments = parser.parse_args(argv)
     mode = "quick" if arguments.quick else "full"
     settings = MODES[mode]
     steps = arguments.steps or settings["steps"]
-    if steps < 1:
-        parser.error("--steps must be >= 1")
+    rounds = arguments.rounds or settings["rounds"]
+    if steps < 1 or rounds < 1:
+        parser.error("--steps and --rounds must be >= 1")
     torch.set_num_threads(1)  # the engines' tensors are tiny: threads only add overhead
     engines = [engine for engine in arguments.engines if installed(engine)]
     skipped = [f"{engine} (pip install --no-deps -r adapters/{ENGINES[engine]}/requirements.txt)"
@@ -263,10 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     for section in arguments.sections:
         progress(f"{section} ...")
         if section == "speed":
-            results["speed"] = speed(engines, steps, arguments.seed, progress)
+            results["speed"] = speed(engines, steps, arguments.seed, rounds, progress)
         elif section == "scaling":
             results["scaling"] = scaling([e for e in ("reference", "sglang") if e in engines], steps, arguments.seed,
-                                         progress)
+                                         rounds, progress)
+        elif section == "profile":
+            results["profile"] = profile(engines, min(steps, 2000), arguments.seed, progress)
+        elif section == "detection" and arguments.detection_json:
+            results["detection"] = [row for path in arguments.detection_json
+                                    for row in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]]
         elif section == "detection":
             zoo = tuple(i for i in settings["zoo"] if installed(i))
             results["detection"] = detection.measure(zoo, range(settings["seeds"]), arguments.workers,
@@ -275,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             results["gpu"] = gpu(steps, arguments.seed, progress)
     results["goals"] = goals(results)
     results["run"] = dict(mode=mode, started=started, seconds=round(time.perf_counter() - clock, 1), steps=steps,
+                          rounds=rounds,
                           seed=arguments.seed, seeds=settings["seeds"], skipped=skipped, python=sys.version.split()[0],
                           torch=torch.__version__, machine=f"{platform.machine()}, {torch.get_num_threads()} torch thread",
                           arguments=vars(arguments))

@@ -18,13 +18,15 @@ from kvspec.spec.window import Policy
 
 
 def test_a_short_run_writes_markdown_json_and_a_picture(tmp_path):
-    assert run.main(["--quick", "--sections", "speed", "scaling", "gpu", "--engines", "reference",
+    assert run.main(["--quick", "--sections", "speed", "scaling", "profile", "gpu", "--engines", "reference",
                      "--steps", "30", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert {(r["page_size"], r["mode"]) for r in results["speed"]} == {(1, "unchecked"), (1, "checked"),
                                                                        (16, "unchecked"), (16, "checked")}
     assert [r["pool_slots"] for r in results["scaling"]] == [1 << 10, 1 << 10, 1 << 16, 1 << 16, 1 << 20, 1 << 20]
     assert all(r["steps"] >= 30 for r in results["speed"] + results["scaling"])
+    shares = results["profile"][0]["shares"]
+    assert abs(sum(shares.values()) - 100) < 1 and {"engine operation", "snapshot", "I2", "I8"} <= set(shares)
     goals = {g["goal"] for g in results["goals"]}
     assert "overhead reference P=1: checked / unchecked time per step" in goals
     assert "scaling reference checked: time per step, 1M / 1K slots" in goals
