@@ -1,8 +1,9 @@
 """`kvspec zoo`: every seeded bug, run against the conformance suite, must be caught.
 
 A conformance suite is as good as the bugs it catches. The zoo runs each mutant (a
-reference mutant of kvspec.adapters.mutants, and, where SGLang is installed, each bug
-patched into real SGLang by kvspec.adapters.sglang.mutants) on the run that exposes it,
+reference mutant of kvspec.adapters.mutants; where SGLang is installed, each bug patched
+into real SGLang by kvspec.adapters.sglang.mutants; where vLLM is installed, each bug
+patched into real vLLM by kvspec.adapters.vllm.mutants) on the run that exposes it,
 at the `ci` profile, and checks that it is caught by a violation of the invariant class
 it breaks. A mutant that passes, crashes, hangs, or is caught by another class is a
 miss: the exit status is 1 and the table says which.
@@ -35,15 +36,16 @@ ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
 CRASH = "crash"
 """The detection of a mutant no invariant can see first (kvspec.adapters.mutants.seeding.CRASH)."""
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
-IMPLEMENTATIONS = ("reference", "sglang")
+IMPLEMENTATIONS = ("reference", "sglang", "vllm")
 SGLANG_INSTALL = "pip install --no-deps -r adapters/sglang/requirements.txt"
+VLLM_INSTALL = "pip install --no-deps -r adapters/vllm/requirements.txt"
 
 
 @dataclass(frozen=True)
 class Specimen:
     """One mutant of the zoo: which adapter carries the bug, and how it must be caught."""
 
-    implementation: str  # "reference" | "sglang"
+    implementation: str  # "reference" | "sglang" | "vllm"
     adapter: str  # the adapter spec a worker loads, e.g. "mutant-stale-mapping"
     slug: str
     run: str  # the label of the run that exposes it, e.g. "engine P=4 W=6 I=4"
@@ -54,13 +56,19 @@ class Specimen:
 
 
 def specimens(mutants: dict, implementation: str, prefix: str) -> list[Specimen]:
+    # vLLM's mutants revert no SGLang fix and none is seen only as a crash: they declare
+    # neither `reverts` nor `crash_message`
     return [Specimen(implementation, f"{prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
-                     mutant.invariant_class, mutant.reverts, mutant.crash_message)
+                     mutant.invariant_class, getattr(mutant, "reverts", ""), getattr(mutant, "crash_message", ""))
             for slug, mutant in sorted(mutants.items())]
 
 
 def sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def collect(implementations: tuple[str, ...], only: list[str] | None) -> list[Specimen]:
@@ -75,6 +83,13 @@ def collect(implementations: tuple[str, ...], only: list[str] | None) -> list[Sp
         from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
 
         chosen += specimens(SGLANG_MUTANTS, "sglang", "sglang-mutant-")
+    if "vllm" in implementations:
+        if not vllm_installed():
+            raise AdapterError(f"the vLLM mutants need vLLM 0.33.0: {VLLM_INSTALL} "
+                               f"(or --implementation reference)")
+        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
+
+        chosen += specimens(VLLM_MUTANTS, "vllm", "vllm-mutant-")
     if only:
         unknown = [text for text in only if not any(text in specimen.adapter for specimen in chosen)]
         if unknown:
@@ -205,12 +220,23 @@ def write_json(document: dict, path: str | Path) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
+def installed_implementations(implementation: str, say=print) -> tuple[str, ...]:
+    """The implementations `--implementation` names: for "all", the reference's and those
+    of the real engines that are installed (saying which are not)."""
+    if implementation != "all":
+        return (implementation,)
+    chosen = ["reference"]
+    for name, label, installed, install in (("sglang", "SGLang", sglang_installed, SGLANG_INSTALL),
+                                            ("vllm", "vLLM", vllm_installed, VLLM_INSTALL)):
+        if installed():
+            chosen.append(name)
+        else:
+            say(f"kvspec zoo: {label} is not installed, so its mutants do not run ({install})")
+    return tuple(chosen)
+
+
 def zoo_command(args) -> int:
-    implementations = IMPLEMENTATIONS if args.implementation == "all" else (args.implementation,)
-    if args.implementation == "all" and not sglang_installed():
-        implementations = ("reference",)
-        print(f"kvspec zoo: SGLang is not installed, so only the reference mutants run ({SGLANG_INSTALL})")
-    chosen = collect(implementations, args.only)
+    chosen = collect(installed_implementations(args.implementation), args.only)
     print(f"kvspec zoo: {len(chosen)} mutants, profile {args.profile}, seed {args.seed}, "
           f"{args.workers} worker(s)", flush=True)
     started, stamp = time.perf_counter(), utc_now()
@@ -229,8 +255,8 @@ def add_command(subparsers):
     parser = subparsers.add_parser("zoo", help="run every seeded bug; each must be caught by its invariant class",
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--implementation", choices=("all", *IMPLEMENTATIONS), default="all",
-                        help="whose mutants: the reference's, those patched into real SGLang, or all "
-                             "(default; SGLang's only where it is installed)")
+                        help="whose mutants: the reference's, those patched into real SGLang or real "
+                             "vLLM, or all (default; SGLang's and vLLM's only where they are installed)")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="only the mutants whose adapter name contains TEXT (repeatable)")
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="how hard to search (default: ci)")

@@ -8,8 +8,10 @@ Needs vLLM installed (adapters/vllm/requirements.txt); CI installs it and sets
 KVSPEC_REQUIRE_VLLM=1, which turns a missing vLLM into a failure instead of a skip."""
 
 import importlib.util
+import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -29,6 +31,7 @@ from kvspec.conformance.engine_machine import engine_machine
 from kvspec.conformance.profiles import profile
 from kvspec.conformance.protocol import AdapterError, load_adapter
 from kvspec.conformance.trace import TraceStep
+from kvspec.conformance.zoo import collect, validate_json
 from kvspec.spec.block_pool import NULL_BLOCK, SWA
 from kvspec.spec.clauses import load_clauses
 from kvspec.spec.snapshot import EngineConfig
@@ -162,3 +165,31 @@ def test_a_bug_seen_when_the_engine_is_built_is_saved_and_reproduced(tmp_path):
     result = check_job(Job(mutant.name, mutant.exposed_by.label, "quick", 0, str(tmp_path)))
     assert result.verdict == "violated" and "BLOCK-3" in result.clauses
     assert result.trace_steps == 0 and "not deterministic" not in result.message
+
+
+def test_the_zoo_holds_every_vllm_mutant():
+    """`kvspec zoo --implementation vllm` runs the eleven, each on its `exposed_by` run."""
+    chosen = collect(("vllm",), None)
+    assert len(chosen) == len(MUTANTS) == 11
+    assert [specimen.adapter for specimen in chosen] == [f"vllm-mutant-{slug}" for slug in sorted(MUTANTS)]
+    for specimen in chosen:
+        mutant = MUTANTS[specimen.slug]
+        assert specimen.implementation == "vllm" and specimen.adapter == mutant.name
+        assert (specimen.run, specimen.clause, specimen.invariant_class) == \
+            (mutant.exposed_by.label, mutant.clause, mutant.invariant_class)
+
+
+def test_kvspec_zoo_catches_a_vllm_mutant(tmp_path):
+    """null-block-in-free-queue (seen when the engine is built: the fastest), through the zoo's
+    workers: caught for its clause and class, in a valid zoo/1 document. (No clause id is named
+    here: the other tests of this file cite the clauses.)"""
+    mutant = MUTANTS["null-block-in-free-queue"]
+    result = subprocess.run(["kvspec", "zoo", "--implementation", "vllm", "--only", "null-block-in-free-queue",
+                             "--json", str(tmp_path / "zoo.json"), "--traces", str(tmp_path / "traces")],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 of 1 caught" in result.stdout and f"{mutant.clause} ({mutant.invariant_class})" in result.stdout
+    document = json.loads((tmp_path / "zoo.json").read_text())
+    validate_json(document)
+    [zoo] = document["mutants"]
+    assert zoo["implementation"] == "vllm" and zoo["caught"] and mutant.invariant_class in zoo["detected_classes"]
