@@ -26,7 +26,10 @@ from kvspec.spec.outcomes import InvalidFree, OutOfMemory
 # clause, not on a minimal reproduction. A fixed seed, not derandomize: derandomize draws
 # one fixed sequence per test, and for the page-4 non-atomic decode that sequence missed
 # the bug in 345 examples where random seeds find it in 13 to 98.
-SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None, database=None,
+# derandomize=False explicitly: under CI=true Hypothesis' own `ci` profile is the default,
+# with derandomize=True, which would ignore the seed (and missed this file's tail bug in
+# one CI run that the seed finds in 50 examples).
+SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None, database=None, derandomize=False,
                     phases=[Phase.explicit, Phase.generate])
 SEED = 20261130
 
