@@ -16,6 +16,9 @@ for _name, (_examples, _steps) in PROFILES.items():
         max_examples=_examples,
         stateful_step_count=_steps,
         report_multiple_bugs=False,  # one minimal counterexample per machine, found sooner
+        # a run's seed decides its examples: Hypothesis' own `ci` profile, the default under
+        # CI=true, derandomizes, which would make --seed (and the zoo's seeds) do nothing
+        derandomize=False,
         deadline=None,  # the first call into torch or a real engine is slow; hangs are caught by the harness
         # no example database: it keys examples by machine class, the same for every adapter,
         # so one adapter's saved counterexample would be tried first on the next; a failure

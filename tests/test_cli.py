@@ -38,3 +38,15 @@ def test_an_adapter_missing_operations_exits_2_naming_them(monkeypatch):
     result = kvspec("check", "--adapter", "sample_adapters:INCOMPLETE", "--profile", "quick")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "lacks available_sizes, alloc, alloc_extend" in result.stderr
+
+
+def test_the_seed_decides_the_run_under_ci_true_too():
+    """CI=true makes Hypothesis' own `ci` profile the default, which derandomizes: kvspec's
+    profiles must not inherit that, or --seed and the zoo's seeds would do nothing in CI."""
+    import os
+    import sys
+
+    probe = "from kvspec.conformance.profiles import PROFILES, profile; print([profile(p).derandomize for p in PROFILES])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={**os.environ, "CI": "true"})
+    assert result.stdout.strip() == "[False, False, False]", result.stdout + result.stderr
