@@ -39,22 +39,32 @@ class PoolState:
             object.__setattr__(self, "free_count", len(self.free_pages))
 
 
-@dataclass(frozen=True)
-class PartialMapping(Sequence):
+class PartialMapping(dict):
     """[OBS-4] The full->SWA mapping as a partial snapshot shows it: its length, and its
     entries at the full slots the snapshot's holders name (reading another is a
-    KeyError, which a check reports as a snapshot it cannot read)."""
+    KeyError, which a check reports as a snapshot it cannot read). A dict underneath, so
+    a check reads an entry as fast as from a whole mapping's tuple."""
 
-    length: int
-    entries: dict[SlotId, SlotId]
+    def __init__(self, length: int, entries: dict[SlotId, SlotId]):
+        super().__init__(entries)
+        self.length = length
+
+    @property
+    def entries(self) -> dict[SlotId, SlotId]:
+        return dict(self)
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, slot):
+    def __missing__(self, slot):
         if slot in (-1, self.length - 1):
             return MAPPING_SENTINEL
-        return self.entries[slot]
+        raise KeyError(slot)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PartialMapping) and self.length == other.length and dict.__eq__(self, other)
+
+    __hash__ = None
 
 
 @dataclass(frozen=True)
