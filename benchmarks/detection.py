@@ -13,8 +13,8 @@ that Hypothesis seed. Per mutant, over the seeds:
   bound, marked <=;
 - the shrunk counterexample's length in steps (shrinking stops after
   `--shrink-seconds`), median and maximum over the same seeds;
-- the goal: a median under 10 s. A seed that missed the bug shows in the caught
-  column, not in the median.
+- the goal: a median under 10 s over every seed, a seed that missed the bug counting
+  as never finding it (the median columns are over the seeds that caught it).
 
     python benchmarks/detection.py --seeds 10 --implementation all -n 2 --json detection.json
 
@@ -58,7 +58,11 @@ def aggregate(row: dict) -> dict:
         upper_bound=any(seen["upper_bound"] for seen in hits),
         median_shrunk_steps=statistics.median(lengths) if lengths else None,
         max_shrunk_steps=max(lengths, default=None))
-    row["goal_met"] = row["median_seconds"] is not None and row["median_seconds"] < GOAL_SECONDS
+    # the goal counts a seed that missed the bug as never finding it: a bug the suite
+    # misses on most seeds does not meet it, however fast the one seed that caught it
+    every_seed = [seen["seconds_to_first"] if seen["caught"] and seen["seconds_to_first"] is not None
+                  else float("inf") for seen in row["per_seed"]]
+    row["goal_met"] = bool(every_seed) and statistics.median(every_seed) < GOAL_SECONDS
     return row
 
 
