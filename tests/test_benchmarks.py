@@ -69,7 +69,7 @@ def test_goals_are_judged_on_the_measured_ratios():
                "scaling": [dict(engine="reference", pool_slots=slots, mode=mode, us_per_step=us)
                            for slots, mode, us in ((1 << 10, "checked", 100), (1 << 20, "checked", 160),
                                                    (1 << 10, "unchecked", 100), (1 << 20, "unchecked", 140))],
-               "detection": [dict(adapter="mutant-x", median_seconds=12.0, goal_met=False)]}
+               "detection": [dict(adapter="mutant-x", median_seconds=2.0, caught=1, seeds=3, goal_met=False)]}
     met = {g["goal"]: (g["measured"], g["met"]) for g in run.goals(results)}
     assert met == {
         "speed P=1: reference / SGLang Python core, unchecked steps/s": ("0.90x", False),
@@ -77,4 +77,5 @@ def test_goals_are_judged_on_the_measured_ratios():
         "overhead sglang-python P=1: checked / unchecked time per step": ("1.67x", True),
         "scaling reference unchecked: time per step, 1M / 1K slots": ("1.40x", True),
         "scaling reference checked: time per step, 1M / 1K slots": ("1.60x", False),
-        "detection mutant-x: median s to the first counterexample": ("12.0 s", False)}
+        "detection mutant-x: median s to the first counterexample (a missed seed: never)":
+            ("2.0 s where caught, 1 of 3 seeds", False)}
