@@ -1,6 +1,6 @@
 """kvspec's benchmarks, in one command that writes a Markdown and a JSON table.
 
-    python benchmarks/run.py --quick --out DIR   # CI: a few minutes
+    python benchmarks/run.py --quick             # CI (--out DIR): a few minutes
     python benchmarks/run.py                     # the full run behind the README's table
 
 Sections (--sections picks some), each measured side by side in one run and reported
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detection-json", nargs="+", metavar="FILE",
                         help="take the detection rows from these files of detection.py --json instead of "
                              "measuring them again (the long part of a full run)")
-    parser.add_argument("--out", default="benchmarks/results", help="where results.md/.json/.png go")
+    parser.add_argument("--out", help="where results.md/.json/.png go (default benchmarks/results, the committed "
+                                      "full tables; quick: benchmarks/quick-results, not kept)")
     arguments = parser.parse_args(argv)
     mode = "quick" if arguments.quick else "full"
     settings = MODES[mode]
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [engine for engine in arguments.engines if installed(engine)]
     skipped = [f"{engine} (pip install --no-deps -r adapters/{ENGINES[engine]}/requirements.txt)"
                for engine in arguments.engines if not installed(engine)]
-    out = Path(arguments.out)
+    out = Path(arguments.out or ("benchmarks/quick-results" if arguments.quick else "benchmarks/results"))
     out.mkdir(parents=True, exist_ok=True)
     started, clock = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
     results: dict = {}
