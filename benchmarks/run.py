@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     started, clock = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
     results: dict = {}
 
-    def progress(line):
+    def progress(line, **print_options):  # run_zoo passes flush=True
         print(line, flush=True)
 
     for section in arguments.sections:

@@ -79,3 +79,24 @@ def test_goals_are_judged_on_the_measured_ratios():
         "scaling reference checked: time per step, 1M / 1K slots": ("1.60x", False),
         "detection mutant-x: median s to the first counterexample (a missed seed: never)":
             ("2.0 s where caught, 1 of 3 seeds", False)}
+
+
+def test_the_detection_section_reports_each_mutant(tmp_path, monkeypatch):
+    """The zoo's runs are replaced by a caught result (the real ones are detection.py's
+    tests); what is checked is the section's plumbing, progress lines included."""
+    from kvspec.conformance.report import RunResult
+
+    def run_zoo(chosen, profile, seed, traces, workers, step_timeout, shrink_seconds, progress):
+        results = {}
+        for specimen in chosen:
+            results[specimen] = RunResult(specimen.run, "engine", "violated", 3, 40, 2.0, [specimen.clause], "found",
+                                          "t.jsonl", 4, first_failure_seconds=0.5 + seed,
+                                          first_failure_clauses=[specimen.clause])
+            progress(f"{specimen.adapter}: caught", flush=True)  # as the real run_zoo calls it
+        return results
+
+    monkeypatch.setattr(run.detection, "run_zoo", run_zoo)
+    assert run.main(["--quick", "--sections", "detection", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["detection"]
+    assert [row["adapter"] for row in rows] == ["mutant-leak-on-release", "mutant-stale-mapping"]
+    assert all((row["caught"], row["seeds"], row["median_seconds"]) == (2, 2, 1.0) for row in rows)
