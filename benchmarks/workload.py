@@ -18,7 +18,7 @@ holds about the same at any pool size, so a run on a larger pool does the same w
 import random
 import time
 
-from kvspec.conformance.engine_driver import EngineDriver
+from kvspec.conformance.engine_driver import PARAMETERS, EngineDriver
 from kvspec.conformance.protocol import Adapter
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.snapshot import EngineConfig
@@ -57,10 +57,7 @@ class Workload:
     def step(self, operation: str, *arguments) -> bool:
         """Run one operation (checked, with a driver); True unless it ran out of memory."""
         if self.driver is not None:
-            names = {"admit": ("rid", "prompt"), "prefill_chunk": ("rid", "chunk", "token"),
-                     "decode": ("rid", "token"), "finish": ("rid", "trim"), "abort": ("rid",),
-                     "evict": ("full_tokens", "swa_tokens")}[operation]
-            ok = self.driver.call(operation, dict(zip(names, arguments))) == "ok"
+            ok = self.driver.call(operation, dict(zip(PARAMETERS[operation], arguments))) == "ok"
         else:
             ok = not isinstance(getattr(self.engine, operation)(*arguments), OutOfMemory)
         key = operation if ok else f"{operation} (OutOfMemory)"

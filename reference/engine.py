@@ -21,7 +21,7 @@ from kvspec.spec.invariants import engine_violations
 from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_segments
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step, held_full_slots
 from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
@@ -324,8 +324,7 @@ class Engine:
         slots the requests and nodes hold only: its cost does not grow with the pools."""
         requests = tuple(r.view() for r in self.requests.values())
         nodes = () if self.tree is None else self.tree.views()
-        held = [slot for r in requests for slot in r.row] + [slot for node in nodes for slot in node.full_value]
-        return EngineSnapshot(self.config, self.allocator.partial_state(held), requests, nodes,
+        return EngineSnapshot(self.config, self.allocator.partial_state(held_full_slots(requests, nodes)), requests, nodes,
                               None if self.tree is None else self.tree.ledgers())
 
     def check_invariants(self, previous: EngineSnapshot | None = None, step: Step | None = None) -> EngineSnapshot:

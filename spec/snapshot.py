@@ -105,6 +105,12 @@ class EngineSnapshot:
     then shows that pool as `full` and an empty `swa`, and it has no mapping or tree."""
 
 
+def held_full_slots(requests: tuple[RequestView, ...], nodes: tuple[NodeView, ...]) -> list[SlotId]:
+    """[OBS-4] The full slots a snapshot's holders name: the rows and the nodes' values,
+    where a partial snapshot shows the mapping."""
+    return [slot for r in requests for slot in r.row] + [slot for node in nodes for slot in node.full_value]
+
+
 @dataclass(frozen=True)
 class Step:
     """[OBS-2] The operation that led from one snapshot to the next."""

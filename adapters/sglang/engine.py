@@ -28,7 +28,7 @@ from array import array
 
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, held_full_slots
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
 from .allocator import allocator_state, build_allocator
@@ -257,5 +257,4 @@ class SglangEngine:
         """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
         nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
         requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
-        held = [slot for r in requests for slot in r.row] + [slot for node in nodes for slot in node.full_value]
-        return EngineSnapshot(self.config, allocator_state(self.allocator, held), requests, nodes, ledgers)
+        return EngineSnapshot(self.config, allocator_state(self.allocator, held_full_slots(requests, nodes)), requests, nodes, ledgers)
