@@ -17,15 +17,16 @@ from typing import Any
 
 from kvspec.spec.accounting import HeldSequence
 from kvspec.spec.allocator import new_pages_available, swa_tail_split
-from kvspec.spec.outcomes import KvSpecError, OutOfMemory
+from kvspec.spec.invariants.allocator import AllocatorView
+from kvspec.spec.outcomes import KvSpecError, OutOfMemory, Outcome
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
 from .checks import (
     ImplementationCrash,
     InvariantViolation,
     StepNotApplicable,
+    Checks,
     Tally,
-    allocator_violations,
     leak_clauses,
 )
 from .trace import TraceStep
@@ -59,14 +60,15 @@ class AllocatorDriver:
         self.sequences: list[Sequence] = []
         self.group_open = False
         self.tally = Tally()
-        self.outcome = "ok"
+        self.checks = Checks(AllocatorView, observables)
+        self.outcome = Outcome.OK
 
     # -- applying a step ------------------------------------------------------------------
 
     def apply(self, step: TraceStep) -> dict[str, Any]:
         """Apply one step, check every invariant, return the observables the spec fixes.
         Raises StepFailure (InvariantViolation, ImplementationCrash, StepNotApplicable)."""
-        self.outcome = "ok"
+        self.outcome = Outcome.OK
         getattr(self, step.op)(**step.args)
         full, swa = self.check()
         return {"outcome": self.outcome, "free_full_pages": full, "free_swa_pages": swa}
@@ -102,7 +104,7 @@ class AllocatorDriver:
     def check(self) -> tuple[int, int]:
         """Every allocator invariant; returns the free page counts it read."""
         state = self.state()
-        violations = allocator_violations(state, [s.held() for s in self.sequences], self.observables, self.tally)
+        violations = self.checks.violations(self.tally, AllocatorView(state, tuple(s.held() for s in self.sequences)))
         if violations:
             raise InvariantViolation.of(violations)
         full, swa = self.free_page_counts()
@@ -125,7 +127,7 @@ class AllocatorDriver:
         counts, _ = before
         fits = new_pages_available(full_pages, swa_pages, *counts)
         if isinstance(result, OutOfMemory):
-            self.outcome = "out_of_memory"
+            self.outcome = Outcome.OUT_OF_MEMORY
             self.log(f"  -> {result}")
             if fits:
                 raise InvariantViolation(f"OutOfMemory although both pools had room: {result}", ["ALLOC-2"])
@@ -149,7 +151,7 @@ class AllocatorDriver:
             self.log(f"  refused: {error}")
         else:
             raise InvariantViolation(f"{operation}{args} was accepted, but it frees what is not held", ["ALLOC-6"])
-        self.outcome = "refused"
+        self.outcome = Outcome.REFUSED
         if self.before() != before:
             raise InvariantViolation(f"refused {operation} changed the allocator", ["ALLOC-6"])
 

@@ -24,7 +24,8 @@ from hypothesis.stateful import initialize, precondition, rule
 from kvspec.spec.pages import floor_page
 
 from .allocator_driver import AllocatorDriver
-from .checks import TWO_POOL_OBSERVABLES
+from kvspec.spec.models import TWO_POOL
+
 from .differential import DifferentialDriver
 from .recording import RecordingMachine
 
@@ -32,7 +33,7 @@ ALL = frozenset({"swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_deco
 
 
 def allocator_machine(make_allocator: Callable, page_size: int, capabilities: Iterable[str] = ALL,
-                      observables: Iterable[str] = TWO_POOL_OBSERVABLES,
+                      observables: Iterable[str] = TWO_POOL.observables,
                       shadow=None) -> type[RecordingMachine]:
     P = page_size
     lengths = st.integers(1, 3 * P + 1)

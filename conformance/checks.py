@@ -1,9 +1,10 @@
 """What the harness checks after every step, at each tier, and what it needs to see.
 
 Every check is a spec predicate with its clause id and invariant class. An adapter may
-declare which optional observables it offers (`observables`, a subset of OBSERVABLES;
-all by default): a check that reads one it lacks is counted as skipped, never run on an
-empty view and never counted as passed. Pool sizes and free counts are always required.
+declare which optional observables of its memory model it offers (`observables`, a
+subset of kvspec.spec.models.MemoryModel.observables; all by default): a check that reads
+one it lacks is counted as skipped, never run on an empty view and never counted as
+passed. Pool sizes and free counts are always required.
 
 A step ends in one of three failures, each carrying its clauses for the report:
 InvariantViolation (the implementation broke the spec), ImplementationCrash (it raised
@@ -12,20 +13,11 @@ sequence or request the implementation does not have: it diverged earlier).
 """
 
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from kvspec.spec import accounting
-from kvspec.spec.accounting import AllocatorState, HeldSequence
-from kvspec.spec.invariants import INVARIANT_CLASSES, INVARIANTS
+from kvspec.spec.invariants import applicable
 from kvspec.spec.notation import Violation
-
-OBSERVABLES = ("free_sets", "mapping", "rows", "tree", "block_pool")
-"""free_sets: the free page ids; mapping: the full->SWA mapping; rows: request rows and
-cursors; tree: the prefix tree dump with locks and ledgers; block_pool: one shared block
-pool (spec chapter 08) instead of the two pools, their mapping and the tree."""
-TWO_POOL_OBSERVABLES = ("free_sets", "mapping", "rows", "tree")
-"""What an adapter that declares no `observables` offers: the two-pool model, whole."""
+from kvspec.spec.registry import INVARIANT_CLASSES, violations
 
 
 class StepFailure(AssertionError):
@@ -66,69 +58,25 @@ def leak_clauses(full_pages_leaked: int, swa_pages_leaked: int) -> list[str]:
     return ["I2"] * (full_pages_leaked > 0) + ["I3"] * (swa_pages_leaked > 0)
 
 
-@dataclass(frozen=True)
-class Check:
-    clause: str
-    invariant_class: str
-    function: Callable
-    needs: frozenset[str]
-    needs_previous: bool = False
+class Checks:
+    """The invariants a driver runs after every step: every registered one that reads its
+    snapshot type (kvspec.spec.registry; one of another memory model does not apply and
+    is not counted), less those that read an observable the adapter does not show, which
+    are skipped (counted, never passed)."""
 
+    def __init__(self, snapshot_type: type, observables: Iterable[str]):
+        observables = frozenset(observables)
+        checks = applicable(snapshot_type)
+        self.run = tuple(check for check in checks if check.reads <= observables)
+        self.skipped = tuple((check, f"adapter lacks observable {', '.join(sorted(check.reads - observables))}")
+                             for check in checks if not check.reads <= observables)
 
-def both_pools(predicate):
-    return lambda state, held: [*predicate(state.full), *predicate(state.swa)]
-
-
-ALLOCATOR_CHECKS: tuple[Check, ...] = (
-    Check("I1", "leak", both_pools(accounting.free_list_violations), frozenset({"free_sets"})),
-    Check("I2", "leak", lambda state, held: accounting.conservation_violations(
-        state.full, accounting.held_full_pages(held, state.page_size), "I2"), frozenset({"free_sets"})),
-    Check("I3", "leak", lambda state, held: accounting.conservation_violations(
-        state.swa, accounting.held_swa_pages(held, state.mapping, state.page_size), "I3"),
-        frozenset({"free_sets", "mapping"})),
-    Check("I4", "ownership", lambda state, held: [
-        *accounting.ownership_violations(state.full, accounting.held_full_pages(held, state.page_size)),
-        *accounting.ownership_violations(state.swa, accounting.held_swa_pages(held, state.mapping, state.page_size))],
-        frozenset({"free_sets", "mapping"})),
-    Check("I5", "mapping", lambda state, held: accounting.mapping_violations(
-        state.mapping, state.size_full, state.page_size, held, state.swa), frozenset({"mapping"})),
-    Check("I6", "alignment", lambda state, held: accounting.alignment_violations(held, state.page_size), frozenset()),
-)
-"""The allocator invariants (spec.accounting), checked while the machine holds `held`."""
-
-_ENGINE_NEEDS = {  # what each engine predicate reads, beyond counts (the tree: positions below cpl)
-    "engine_free_list_violations": {"free_sets"},
-    "full_conservation_violations": {"free_sets", "rows", "tree"},
-    "swa_conservation_violations": {"free_sets", "rows", "tree", "mapping"},
-    "engine_ownership_violations": {"rows", "tree", "mapping"},
-    "engine_mapping_violations": {"mapping", "rows", "tree"},
-    "engine_alignment_violations": {"rows", "tree"},
-    "cursor_bound_violations": {"rows"},
-    "cursor_monotonicity_violations": {"rows"},
-    "window_liveness_violations": {"rows", "mapping", "tree"},
-    "decode_read_window_violations": {"rows", "mapping", "tree"},
-    "decode_window_bound_violations": {"rows", "mapping"},
-    "chunk_window_bound_violations": {"rows", "mapping", "tree"},
-    "insert_boundary_violations": {"rows", "tree"},
-    "lock_violations": {"rows", "tree"},
-    "ledger_violations": {"tree"},
-    "tree_structure_violations": {"tree", "mapping"},
-    "eviction_violations": {"tree"},
-    "atomicity_violations": {"rows"},
-    "free_group_violations": {"free_sets"},
-    "pool_accounting_violations": {"block_pool"},
-    "reference_count_violations": {"block_pool"},
-    "null_block_violations": {"block_pool"},
-    "table_shape_violations": {"block_pool", "rows"},
-    "window_coverage_violations": {"block_pool"},
-    "window_release_violations": {"block_pool"},
-    "cache_map_violations": {"block_pool"},
-    "event_replay_violations": {"block_pool"},
-}
-ENGINE_CHECKS: tuple[Check, ...] = tuple(
-    Check(i.clause, i.invariant_class, i.function, frozenset(_ENGINE_NEEDS[i.function.__name__]), i.needs_previous)
-    for i in INVARIANTS)
-"""Every registered spec invariant (spec.invariants.INVARIANTS), with what it reads."""
+    def violations(self, tally: "Tally", now, previous=None, step=None) -> list[Violation]:
+        """Check `now` (and the step from `previous`, when there is one) with the spec's
+        one runner, and count every check that ran or was skipped."""
+        found = violations(self.run, now, previous, step)
+        tally.record(self, previous is not None, found)
+        return found
 
 
 class Tally:
@@ -138,16 +86,16 @@ class Tally:
         self.checked, self.violated, self.skipped = Counter(), Counter(), Counter()
         self.skipped_because: dict[str, str] = {}
 
-    def record(self, checks: Iterable[Check], observables: frozenset[str], violations: list[Violation]):
+    def record(self, checks: Checks, compared: bool, violations: list[Violation]):
         broken = {v.clause for v in violations}
-        for check in checks:
-            missing = check.needs - observables
-            if missing:
-                self.skipped[check.invariant_class] += 1
-                self.skipped_because[check.invariant_class] = f"adapter lacks observable {', '.join(sorted(missing))}"
-            else:
+        for check in checks.run:
+            if compared or not check.compares_steps:
                 self.checked[check.invariant_class] += 1
                 self.violated[check.invariant_class] += check.clause in broken
+        for check, because in checks.skipped:
+            if compared or not check.compares_steps:
+                self.skipped[check.invariant_class] += 1
+                self.skipped_because[check.invariant_class] = because
 
     def skip(self, invariant_class: str, because: str) -> None:
         """A check of this class that a step would have needed, not run."""
@@ -163,34 +111,3 @@ class Tally:
     def as_rows(self) -> dict[str, tuple[int, int, int]]:
         return {c: (self.checked[c], self.violated[c], self.skipped[c]) for c in INVARIANT_CLASSES
                 if self.checked[c] or self.skipped[c]}
-
-
-def run_checks(checks: Iterable[Check], observables: frozenset[str], tally: Tally, *args) -> list[Violation]:
-    """Run the checks the observables allow; a predicate that cannot read what it was
-    given (an index out of range) reports a violation of its clause, never a crash."""
-    checks = tuple(checks)
-    found = []
-    for check in checks:
-        if check.needs <= observables:
-            try:
-                found.extend(check.function(*args))
-            except (IndexError, KeyError) as error:
-                found.append(Violation(check.clause, f"cannot read the state: {type(error).__name__}: {error}"))
-    tally.record(checks, observables, found)
-    return found
-
-
-def allocator_violations(state: AllocatorState, held: list[HeldSequence], observables: frozenset[str],
-                         tally: Tally) -> list[Violation]:
-    return run_checks(ALLOCATOR_CHECKS, observables, tally, state, held)
-
-
-SNAPSHOT_CHECKS = tuple(c for c in ENGINE_CHECKS if not c.needs_previous)
-STEP_CHECKS = tuple(c for c in ENGINE_CHECKS if c.needs_previous)
-
-
-def engine_violations(previous, step, now, observables: frozenset[str], tally: Tally) -> list[Violation]:
-    found = run_checks(SNAPSHOT_CHECKS, observables, tally, now)
-    if previous is not None:
-        found += run_checks(STEP_CHECKS, observables, tally, previous, step, now)
-    return found

@@ -84,7 +84,7 @@ def coverage(tests: Path) -> Coverage:
     definitions = spec_definitions()
     return Coverage(clauses, (*invariant_checks(clauses, definitions), *harness_checks(clauses, definitions),
                               *helper_checks(), *test_citations(tests, clauses, definitions),
-                              *reference_mutants(), *sglang_mutants(), *vllm_mutants(),
+                              *mutants(),
                               *divergences()))
 
 
@@ -114,8 +114,8 @@ class SpecIndex:
 
 def spec_definitions() -> SpecIndex:
     found = {}
-    for module in pkgutil.iter_modules(kvspec.spec.__path__):
-        for name in documented_definitions(f"kvspec.spec.{module.name}"):
+    for module in pkgutil.walk_packages(kvspec.spec.__path__, "kvspec.spec."):
+        for name in documented_definitions(module.name):
             found[name] = resolve(name)
     is_object = {name: inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
                  for name, obj in found.items()}
@@ -171,16 +171,12 @@ def enforced(evaluated: set[str], clauses: dict[str, Clause]) -> dict[str, str]:
     return {c: how for c, how in clauses_evaluated(evaluated, clauses).items() if not re.fullmatch(r"I\d+", c)}
 
 def invariant_checks(clauses: dict[str, Clause], definitions: SpecIndex) -> Iterator[Citation]:
-    from .checks import ALLOCATOR_CHECKS, ENGINE_CHECKS
-    for tier, checks in (("allocator", ALLOCATOR_CHECKS), ("engine", ENGINE_CHECKS)):
-        for check in checks:
-            how = enforced(evaluated_definitions(check.function, definitions), clauses) | {check.clause: "reports"}
-            path = inspect.getsourcefile(check.function)
-            if check.function.__name__ == "<lambda>":  # the allocator checks are lambdas in the registry
-                yield Citation("check", f"{tier} {check.clause} check", where(path, f"{tier.upper()}_CHECKS"), how)
-            else:
-                yield Citation("check", f"{tier} {check.function.__name__}", where(path, check.function.__qualname__),
-                               how)
+    """Every registered invariant (kvspec.spec.registry), at the clause it reports."""
+    from kvspec.spec.invariants import INVARIANTS
+    for check in INVARIANTS:
+        how = enforced(evaluated_definitions(check.function, definitions), clauses) | {check.clause: "reports"}
+        yield Citation("check", f"{check.snapshot_type.__name__} {check.name}",
+                       where(inspect.getsourcefile(check.function), check.function.__qualname__), how)
 
 
 def harness_functions() -> Iterator[Callable]:
@@ -284,46 +280,22 @@ def test_citations(tests: Path, clauses: dict[str, Clause], definitions: SpecInd
 
 # -- mutants and divergences -------------------------------------------------------------------
 
-def reference_mutants() -> Iterator[Citation]:
-    from kvspec.adapters.mutants import MUTANTS
-    for mutant in MUTANTS.values():
-        yield Citation("mutant", mutant.name, where(inspect.getsourcefile(mutant), mutant.__name__),
-                       {mutant.clause: f"breaks it ({mutant.invariant_class}) in the reference, "
-                                       f"exposed by {mutant.exposed_by.label}"})
-
-
-def patched_mutants(implementation: str, shown_as: str, path: Path) -> Iterator[Citation]:
-    """The mutants of a zoo of patches into a real implementation, `<implementation>-mutant-<slug>`:
-    each class with a `slug=` keyword and a `clause, invariant_class = ...` statement,
-    read from the source without importing the zoo."""
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        slug = next((k.value.value for k in getattr(node, "keywords", ()) if k.arg == "slug"), None)
-        for statement in node.body if slug else ():
-            targets = statement.targets[0] if isinstance(statement, ast.Assign) else None
-            if isinstance(targets, ast.Tuple) and [t.id for t in targets.elts] == ["clause", "invariant_class"]:
-                clause, invariant_class = (ast.unparse(e).strip("'\"") for e in statement.value.elts)
-                yield Citation("mutant", f"{implementation}-mutant-{slug}", where(path, node.name),
-                               {clause: f"breaks it ({invariant_class.lower()}) in real {shown_as}"})
-
-
-def sglang_mutants() -> Iterator[Citation]:
-    """Read from the source: importing adapters/sglang/mutants.py imports SGLang."""
-    return patched_mutants("sglang", "SGLang", SOURCE_ROOT / "adapters" / "sglang" / "mutants.py")
-
-
-def vllm_mutants() -> Iterator[Citation]:
-    """Read from the source, as SGLang's zoo is: the citations are the same whether or not
-    vLLM is installed (importing adapters/vllm/mutants.py imports torch and the adapter
-    package; vLLM only when a patch is first applied)."""
-    return patched_mutants("vllm", "vLLM", SOURCE_ROOT / "adapters" / "vllm" / "mutants.py")
+def mutants() -> Iterator[Citation]:
+    """The members of every registered family (kvspec.conformance.families), where its
+    engine is installed or not: a family's members are importable without it."""
+    from .families import families
+    for family in sorted(families(), key=lambda f: f.prefix):
+        shown_as = "the reference" if family.implementation == "reference" else f"real {family.implementation}"
+        for slug, mutant in sorted(family.members().items()):
+            yield Citation("mutant", f"{family.prefix}{slug}", where(inspect.getsourcefile(mutant), mutant.__name__),
+                           {mutant.clause: f"breaks it ({mutant.invariant_class}) in {shown_as}, "
+                                           f"exposed by {mutant.exposed_by.label}"})
 
 
 def divergences() -> Iterator[Citation]:
-    """The known divergences of real SGLang and real vLLM (importing the lists imports neither)."""
-    from kvspec.adapters.sglang.divergences import KNOWN_DIVERGENCES as SGLANG
-    from kvspec.adapters.vllm.divergences import KNOWN_DIVERGENCES as VLLM
-    for implementation, known in (("sglang", SGLANG), ("vllm", VLLM)):
-        path = SOURCE_ROOT / "adapters" / implementation / "divergences.py"
+    """The known divergences of every registered list (importing a list imports no engine)."""
+    from .families import divergences as registered
+    for _, module, known in registered():
         for divergence in known:
-            yield Citation("divergence", divergence.id, where(path, "KNOWN_DIVERGENCES"),
+            yield Citation("divergence", divergence.id, where(module.__file__, "KNOWN_DIVERGENCES"),
                            {c: f"{' and '.join(divergence.adapters)}: {divergence.title}" for c in divergence.clauses})

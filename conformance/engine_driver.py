@@ -11,10 +11,11 @@ aborts every prefilling one, evicts the whole cache and requires every page free
 
 from typing import Any
 
-from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory
-from kvspec.spec.snapshot import EngineSnapshot, Step, fixed_observables, pool_check_period
+from kvspec.spec.models import MemoryModel, fixed_observables
+from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory, Outcome
+from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
-from .checks import ImplementationCrash, InvariantViolation, Tally, engine_violations, leak_clauses
+from .checks import Checks, ImplementationCrash, InvariantViolation, Tally
 from .trace import TraceStep
 
 PARAMETERS = {  # each operation's arguments, in the order the engine protocol takes them
@@ -24,11 +25,13 @@ PARAMETERS = {  # each operation's arguments, in the order the engine protocol t
 
 
 class EngineDriver:
-    def __init__(self, engine, observables: frozenset[str], log=lambda line: None):
+    def __init__(self, engine, model: MemoryModel, observables: frozenset[str], log=lambda line: None):
         self.engine = engine
+        self.model = model
         self.observables = observables
         self.log = log
         self.tally = Tally()
+        self.invariants = Checks(model.snapshot_type, observables)
         self.previous = self.snapshot()
         # [OBS-4] an engine that can show a partial snapshot shows a whole one every
         # `period` checks (every check with small pools), a partial one in between
@@ -41,9 +44,10 @@ class EngineDriver:
             snapshot = self.engine.snapshot() if whole else self.engine.partial_snapshot()
         except Exception as error:
             raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
-        if "block_pool" in self.observables and snapshot.block_pool is None:
-            raise ImplementationCrash("the adapter declares the observable block_pool but its snapshot has none "
-                                      "(EngineSnapshot.block_pool)", ["OBS-1"])
+        if not isinstance(snapshot, self.model.snapshot_type):
+            raise ImplementationCrash(f"snapshot() returned a {type(snapshot).__name__}, but the adapter declares the "
+                                      f"{self.model.name} memory model, whose snapshot is a "
+                                      f"{self.model.snapshot_type.__name__}", ["OBS-1"])
         return snapshot
 
     def apply(self, step: TraceStep) -> dict[str, Any]:
@@ -51,15 +55,15 @@ class EngineDriver:
         Raises StepFailure (InvariantViolation, ImplementationCrash, StepNotApplicable)."""
         if step.op == "drain":
             self.drain()
-            outcome = "ok"
+            outcome = Outcome.OK
         elif step.refuse:
             self.refused(step)
-            outcome = "refused"
+            outcome = Outcome.REFUSED
         else:
             outcome = self.call(step.op, step.args)
         return fixed_observables(self.previous, outcome)  # the snapshot the step's check took
 
-    def call(self, operation: str, args: dict[str, Any]) -> str:
+    def call(self, operation: str, args: dict[str, Any]) -> Outcome:
         self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
         try:
             result = getattr(self.engine, operation)(*(args[name] for name in PARAMETERS[operation]))
@@ -73,8 +77,9 @@ class EngineDriver:
         failed = isinstance(result, OutOfMemory)
         if failed:
             self.log(f"  -> {result}")
-        self.check(Step(operation, args.get("rid"), "OutOfMemory" if failed else "ok"))
-        return "out_of_memory" if failed else "ok"
+        outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
+        self.check(Step(operation, args.get("rid"), outcome))
+        return outcome
 
     def refused(self, step: TraceStep):
         before = self.snapshot()
@@ -98,7 +103,7 @@ class EngineDriver:
         now = self.snapshot(whole)
         # the next step is checked from here even after a violation (a picture of a run goes on past one)
         previous, self.previous = self.previous, now
-        violations = engine_violations(previous if step else None, step, now, self.observables, self.tally)
+        violations = self.invariants.violations(self.tally, now, previous if step else None, step)
         if violations:
             raise InvariantViolation.of(violations, f"after {step}:" if step else "")
 
@@ -113,11 +118,5 @@ class EngineDriver:
         self.call("evict", {"full_tokens": config.size_full, "swa_tokens": config.size_swa})
         if self.period > 1:  # end on a whole snapshot: every pool-wide check once more
             self.check(None, whole=True)
-        state = self.previous.allocator
-        leaked = (state.full.num_pages - state.full.free_count, state.swa.num_pages - state.swa.free_count)
-        if self.previous.block_pool is not None and leaked != (0, 0):  # one shared pool, shown as `full`
-            raise InvariantViolation(f"after releasing every request, {leaked[0]} real blocks are not free (leak)",
-                                     ["BLOCK-1"])
-        if leaked != (0, 0):
-            raise InvariantViolation(f"after releasing every request and evicting the whole cache, {leaked[0]} full "
-                                     f"and {leaked[1]} SWA pages are not free (leak)", leak_clauses(*leaked))
+        if violations := self.model.drained_violations(self.previous):
+            raise InvariantViolation.of(violations, "after releasing every request and evicting the whole cache:")

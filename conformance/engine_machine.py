@@ -26,7 +26,8 @@ from hypothesis.stateful import initialize, precondition, rule
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
-from .checks import TWO_POOL_OBSERVABLES
+from kvspec.spec.models import TWO_POOL, MemoryModel
+
 from .differential import DifferentialDriver
 from .engine_driver import EngineDriver
 from .recording import RecordingMachine
@@ -38,8 +39,8 @@ MAX_REQUESTS = 4
 
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
-                   capabilities: Iterable[str] = ALL, observables: Iterable[str] = TWO_POOL_OBSERVABLES,
-                   shadow=None
+                   capabilities: Iterable[str] = ALL, observables: Iterable[str] = TWO_POOL.observables,
+                   shadow=None, model: MemoryModel = TWO_POOL
                    ) -> type[RecordingMachine]:
     P, W = page_size, window
     longest_prompt = 2 * W + 4 * P
@@ -62,9 +63,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.prefilling: set[str] = set()
             self.decoding: set[str] = set()
             self.retracted: set[str] = set()
-            driver = EngineDriver(engine, self.observables, log=note)
+            driver = EngineDriver(engine, model, self.observables, log=note)
             if shadow is not None:  # differential mode: the other adapter takes every step too
-                driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config), shadow.observables))
+                driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config), shadow.model, shadow.observables))
             self.driver = driver
 
         # -- helpers ----------------------------------------------------------------------

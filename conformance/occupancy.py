@@ -50,14 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.spec.accounting import HeldSequence, held_full_pages, held_swa_pages
-from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolView, swa_block_bound
-from kvspec.spec.invariants import node_holding, non_root_nodes, request_holding
+from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, swa_block_bound
+from kvspec.spec.invariants.holders import node_holding, non_root_nodes, request_holding
+from kvspec.spec.models import BLOCK_POOL, TWO_POOL
 from kvspec.spec.pages import ceil_page
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
 from kvspec.spec.window import decode_window_bound, eviction_span_bound, retention
 
 from .allocator_driver import AllocatorDriver
-from .checks import TWO_POOL_OBSERVABLES, InvariantViolation, StepFailure
+from .checks import InvariantViolation, StepFailure
 from .protocol import Adapter
 from .replay import build_driver
 from .trace import Trace
@@ -151,10 +152,10 @@ def window_bound(request: RequestView, config: EngineConfig) -> int | None:
     return bound + (page_size if request.decode_steps < 3 else 0)
 
 
-def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TWO_POOL_OBSERVABLES) -> Occupancy:
+def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TWO_POOL.observables) -> Occupancy:
     """The occupancy of an engine snapshot (module docstring), from what the adapter shows:
     its block pool's, if it has one."""
-    if snapshot.block_pool is not None:
+    if isinstance(snapshot, BlockPoolSnapshot):
         return block_pool_occupancy(snapshot.block_pool)
     allocator, page_size = snapshot.allocator, snapshot.config.page_size
     requests = [request_holding(r) for r in snapshot.requests]
@@ -278,9 +279,10 @@ def pool_sizes(trace: Trace, adapter: Adapter, driver=None) -> dict[str, int]:
     if trace.tier == "allocator":
         return {"full": full, "swa": swa}
     if driver is None:
-        return {"blocks": full + swa} if "block_pool" in getattr(adapter, "observables", ()) else {"full": full, "swa": swa}
-    view = driver.previous.block_pool
-    return {"full": full, "swa": swa} if view is None else {"blocks": len(view.blocks) - 1}  # less the null block
+        return {"blocks": full + swa} if adapter.model is BLOCK_POOL else {"full": full, "swa": swa}
+    if isinstance(driver.previous, BlockPoolSnapshot):
+        return {"blocks": len(driver.previous.block_pool.blocks) - 1}  # less the null block
+    return {"full": full, "swa": swa}
 
 
 def timeline(trace: Trace, adapter: Adapter, label: str = "") -> Timeline:

@@ -1,61 +1,89 @@
-"""The adapter protocol: how kvspec finds and drives an implementation.
+"""The adapter protocol: the one place an adapter writer reads (docs/writing-an-adapter.md
+walks through it).
 
 An adapter is any object (a module, a class, an instance) with these attributes:
 
     name                 a short name for reports
     policy_version       the spec policy version it implements (kvspec.spec.window)
+    memory_model         optional: the name of its memory model (kvspec.spec.models.MODELS;
+                         default "two-pool"); its snapshots are that model's type and only
+                         that model's invariants apply
     capabilities         a collection of CAPABILITIES it has; rules that need one it
                          lacks do not run, and the report says so
-    observables          optional: which of kvspec.conformance.checks.OBSERVABLES its
-                         snapshots fill in (default: the two-pool model's,
-                         TWO_POOL_OBSERVABLES); checks that read one it
-                         lacks are reported as skipped, never as passed
-    make_allocator       (size_full, size_swa, page_size) -> allocator    allocator tier
-    make_engine          (EngineConfig) -> engine                         engine tier
+    observables          optional: which of its model's observables its snapshots fill
+                         in (default: all); checks that read one it lacks are reported as
+                         skipped, never as passed
+    make_allocator       (size_full, size_swa, page_size) -> Allocator    allocator tier
+    make_engine          (EngineConfig) -> Engine                         engine tier
     preload              optional: modules to import once in the forkserver (slow imports)
 
-At least one tier. An allocator offers ALLOCATOR_OPERATIONS (kvspec.spec.allocator's
-HybridAllocatorOperations, plus `state()` and `available_sizes()`); an engine offers
-ENGINE_OPERATIONS (chapter 06 of the spec, plus `snapshot()`). Operations return plain
-data, an allocation either its slots or kvspec.spec.outcomes.OutOfMemory, and raise
-kvspec.spec.outcomes errors on misuse.
+At least one tier. What the factories build is typed below (`Allocator`, `Engine`).
+Operations return plain data, an allocation either its slots or
+kvspec.spec.outcomes.OutOfMemory, and raise kvspec.spec.outcomes errors on misuse.
 
-`load_adapter(spec)` takes `reference` (and other built-in names: `mutant-<name>` for
-each seeded bug of kvspec.adapters.mutants, `sglang-mutant-<name>` for each bug patched
-into real SGLang by kvspec.adapters.sglang.mutants, `vllm-mutant-<name>` for each bug
-patched into real vLLM by kvspec.adapters.vllm.mutants), a name registered by a package under the
-entry-point group `kvspec.adapters`, or `module:attribute`, and
+`load_adapter(spec)` takes a name registered under the entry-point group
+`kvspec.adapters` (the built-in `reference`, `sglang`, `vllm`, ... are registered by
+kvspec's own pyproject.toml), a member of a registered family (`mutant-<slug>`,
+`sglang-mutant-<slug>`, ...: kvspec.conformance.families), or `module:attribute`, and
 validates what it finds, with errors that say what is missing and how to fix it.
 """
 
 import importlib
+import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Protocol
 
+from kvspec.spec.accounting import AllocatorState
+from kvspec.spec.allocator import AllocatorOperation, HybridAllocatorOperations
+from kvspec.spec.lifecycle import EngineOperation, EngineOperations
+from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
 from kvspec.spec.window import POLICY_VERSIONS
 
-from .checks import OBSERVABLES, TWO_POOL_OBSERVABLES
-
-BUILT_IN = {"reference": "kvspec.adapters.reference:ADAPTER", "sglang": "kvspec.adapters.sglang:SGLANG",
-            "sglang-python": "kvspec.adapters.sglang:SGLANG_PYTHON", "vllm": "kvspec.adapters.vllm:VLLM",
-            "vllm-dense": "kvspec.adapters.vllm:VLLM_DENSE"}
-ENTRY_POINT_GROUP = "kvspec.adapters"
+from . import families
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode")
 """refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
 atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without them the
 allocator machine does not try the misuse, and calls alloc_decode only with room."""
-ALLOCATOR_OPERATIONS = ("state", "available_sizes", "alloc", "alloc_extend", "alloc_decode",
-                        "alloc_extend_swa_tail", "free", "free_swa", "free_full", "free_segment",
-                        "free_swa_segment", "free_full_segment", "free_group_begin", "free_group_end",
-                        "translate", "clear")
-ENGINE_OPERATIONS = ("snapshot", "admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort",
-                     "retract", "evict")
+
+
+class Allocator(HybridAllocatorOperations, Protocol):
+    """What `make_allocator` builds: the operations of spec chapter 02, and what it shows."""
+
+    def state(self) -> AllocatorState:
+        """[OBS-1] Both pools, their free and pending pages, and the full->SWA mapping."""
+
+    def available_sizes(self) -> tuple[int, int]:
+        """The tokens each pool can still allocate (full, SWA)."""
+
+
+class Engine(EngineOperations, Protocol):
+    """What `make_engine` builds: the operations of spec chapter 06, and what it shows.
+    An engine with large pools may also offer `partial_snapshot()` (OBS-4)."""
+
+    def snapshot(self) -> EngineSnapshot:
+        """[OBS-1] Everything observable, as its memory model's snapshot type."""
+
+
+def operations(protocol: type) -> tuple[str, ...]:
+    """The methods a protocol class requires, in the order it declares them."""
+    return tuple(name for klass in reversed(protocol.__mro__) if klass not in (object, Protocol)
+                 for name, member in vars(klass).items() if callable(member) and not name.startswith("_"))
+
+
+ALLOCATOR_OPERATIONS = tuple(dict.fromkeys(operations(Allocator)))
+ENGINE_OPERATIONS = tuple(dict.fromkeys(operations(Engine)))
+PARAMETERS: dict[str, tuple[str, ...]] = {
+    operation.value: tuple(inspect.signature(getattr(EngineOperations, operation.value)).parameters)[1:]
+    for operation in EngineOperation}
+"""Each engine operation's arguments, in the order it takes them: a trace step's `args`."""
+assert set(ALLOCATOR_OPERATIONS) == {*AllocatorOperation, "state", "available_sizes"}
+assert set(ENGINE_OPERATIONS) == {*EngineOperation, "snapshot"}
 
 
 class AdapterError(Exception):
@@ -69,9 +97,10 @@ class Adapter:
     name: str
     policy_version: str
     capabilities: frozenset[str]
-    make_allocator: Callable | None
-    make_engine: Callable | None
-    observables: frozenset[str] = frozenset(TWO_POOL_OBSERVABLES)
+    make_allocator: Callable[[int, int, int], Allocator] | None
+    make_engine: Callable[[EngineConfig], Engine] | None
+    model: MemoryModel = TWO_POOL
+    observables: frozenset[str] = frozenset(TWO_POOL.observables)
     spec: str = ""
     """What it was loaded by: a worker process loads it again by this."""
     preload: tuple[str, ...] = ()
@@ -80,49 +109,16 @@ class Adapter:
 
 def resolve(spec: str) -> Any:
     """The object an adapter spec names."""
-    if spec.startswith("mutant-"):
-        from kvspec.adapters.mutants import MUTANTS
-
-        if spec.removeprefix("mutant-") not in MUTANTS:
-            raise AdapterError(f"unknown mutant {spec!r}; the seeded bugs are "
-                               + ", ".join(f"mutant-{name}" for name in MUTANTS))
-        return MUTANTS[spec.removeprefix("mutant-")]
-    if spec.startswith("sglang-mutant-"):
-        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
-        from kvspec.adapters.sglang.mutants import NOT_PATCHED
-
-        slug = spec.removeprefix("sglang-mutant-")
-        if slug not in SGLANG_MUTANTS:
-            why = f" ({slug} has no SGLang patch: {NOT_PATCHED[slug]})" if slug in NOT_PATCHED else ""
-            raise AdapterError(f"unknown SGLang mutant {spec!r}{why}; the bugs patched into SGLang are "
-                               + ", ".join(f"sglang-mutant-{name}" for name in SGLANG_MUTANTS))
-        return SGLANG_MUTANTS[slug]
-    if spec.startswith("vllm-mutant-"):
-        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
-
-        slug = spec.removeprefix("vllm-mutant-")
-        if slug not in VLLM_MUTANTS:
-            raise AdapterError(f"unknown vLLM mutant {spec!r}; the bugs patched into vLLM are "
-                               + ", ".join(f"vllm-mutant-{name}" for name in VLLM_MUTANTS))
-        return VLLM_MUTANTS[slug]
-    target = BUILT_IN.get(spec)
-    if target is None:
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
-        if found:
-            return found[0].load()
-        target = spec
-    if ":" not in target:
-        from kvspec.adapters.mutants import MUTANTS
-        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
-        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
-
-        known = sorted(set(BUILT_IN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-        raise AdapterError(f"unknown adapter {spec!r}; use one of {', '.join(known)}, a seeded bug "
-                           f"({', '.join(f'mutant-{name}' for name in MUTANTS)}), a bug patched into SGLang "
-                           f"({', '.join(f'sglang-mutant-{name}' for name in SGLANG_MUTANTS)}), a bug patched "
-                           f"into vLLM ({', '.join(f'vllm-mutant-{name}' for name in VLLM_MUTANTS)}), "
+    try:
+        registered = families.adapter(spec)
+    except families.UnknownMember as error:
+        raise AdapterError(str(error)) from None
+    if registered is not None:
+        return registered
+    if ":" not in spec:
+        raise AdapterError(f"unknown adapter {spec!r}; use one of {families.known_adapters()}, "
                            f"or module:attribute for your own")
-    module_name, _, attribute = target.partition(":")
+    module_name, _, attribute = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # like `python -m`: an adapter beside you is found
     try:
@@ -142,15 +138,23 @@ def validate(candidate: Any, spec: str) -> Adapter:
     problems = []
     name = getattr(candidate, "name", spec)
     version = getattr(candidate, "policy_version", None)
+    model = MODELS.get(getattr(candidate, "memory_model", TWO_POOL.name))
+    if model is None:
+        problems.append(f"memory_model must be one of {', '.join(MODELS)} (got {candidate.memory_model!r})")
+        model = TWO_POOL
     if version not in POLICY_VERSIONS:
         problems.append(f"policy_version must be one of {', '.join(POLICY_VERSIONS)} (got {version!r})")
+    elif version not in model.policy_versions:
+        problems.append(f"policy_version {version!r} is not one of the {model.name} model "
+                        f"({', '.join(model.policy_versions)}); declare its memory_model")
     capabilities = frozenset(getattr(candidate, "capabilities", ()))
     unknown = sorted(capabilities - set(CAPABILITIES))
     if unknown:
         problems.append(f"unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
-    observables = frozenset(getattr(candidate, "observables", TWO_POOL_OBSERVABLES))
-    if unknown := sorted(observables - set(OBSERVABLES)):
-        problems.append(f"unknown observables {unknown}; known: {', '.join(OBSERVABLES)}")
+    observables = frozenset(getattr(candidate, "observables", model.observables))
+    if unknown := sorted(observables - set(model.observables)):
+        problems.append(f"unknown observables {unknown} for the {model.name} model; "
+                        f"known: {', '.join(model.observables)}")
     make_allocator = getattr(candidate, "make_allocator", None)
     make_engine = getattr(candidate, "make_engine", None)
     if make_allocator is None and make_engine is None:
@@ -163,7 +167,7 @@ def validate(candidate: Any, spec: str) -> Adapter:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
     preload = getattr(candidate, "preload", ())
     preload = (preload,) if isinstance(preload, str) else tuple(preload)
-    return Adapter(name, version, capabilities, make_allocator, make_engine, observables, spec, preload)
+    return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload)
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

@@ -11,10 +11,10 @@ which is then the finding) or when a later step cannot be applied.
 from dataclasses import dataclass, replace
 
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import TWO_POOL_VERSIONS
+from kvspec.spec.models import TWO_POOL, model_of_version
 
 from .allocator_driver import AllocatorDriver
-from .checks import TWO_POOL_OBSERVABLES, InvariantViolation, StepFailure, StepNotApplicable, Tally
+from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
 from .protocol import Adapter, AdapterError
 from .trace import Trace
@@ -66,14 +66,14 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
     factory = adapter.make_allocator if trace.tier == "allocator" else adapter.make_engine
     unmet = [] if factory is not None else [f"the {trace.tier} tier"]
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
-    if (version in TWO_POOL_VERSIONS) != (adapter.policy_version in TWO_POOL_VERSIONS):  # WIN-1: another model
+    if model_of_version(version) is not adapter.model:  # WIN-1: another memory model
         unmet.append(f"policy version {version} (it implements {adapter.policy_version})")
     return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in adapter.capabilities]
 
 
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     """The implementation the trace's configuration describes, behind its tier's driver."""
-    observables = frozenset(getattr(adapter, "observables", TWO_POOL_OBSERVABLES))
+    observables = adapter.observables
     config = trace.config
     if trace.tier == "allocator":
         if adapter.make_allocator is None:
@@ -83,7 +83,7 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     if adapter.make_engine is None:
         raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
     engine_config: EngineConfig = trace.engine_config()
-    return EngineDriver(adapter.make_engine(engine_config), observables, log=log)
+    return EngineDriver(adapter.make_engine(engine_config), adapter.model, observables, log=log)
 
 
 def mismatch(expected: dict, observed: dict) -> str | None:
@@ -127,7 +127,7 @@ def with_expectations(trace: Trace, reference: Adapter) -> Trace:
     the first step the reference cannot apply or does not conform on. A trace of a
     shared block pool (policy vllm-0.33, spec chapter 08) keeps none: the reference
     models the two-pool versions, whose observables are not comparable."""
-    if trace.tier == "engine" and trace.engine_config().policy.version not in TWO_POOL_VERSIONS:
+    if trace.tier == "engine" and model_of_version(trace.engine_config().policy.version) is not TWO_POOL:
         return trace
     result = replay(replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps)), reference, compare=False)
     steps = [replace(step, expect=seen) for step, seen in zip(trace.steps, result.observed or [])]

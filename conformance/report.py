@@ -36,7 +36,7 @@ from xml.etree import ElementTree
 import jsonschema
 
 from kvspec.spec.clauses import CLAUSE_ID
-from kvspec.spec.invariants import INVARIANT_CLASSES
+from kvspec.spec.registry import INVARIANT_CLASSES
 
 REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/1"
 TIERS = ("allocator", "engine")

@@ -26,6 +26,7 @@ from kvspec.spec.window import Policy
 from .allocator_machine import allocator_machine
 from .checks import StepFailure
 from .engine_machine import engine_machine
+from .families import RUNS
 from .isolation import Journal, Lost
 from .occupancy import draw, timeline
 from .profiles import profile
@@ -34,12 +35,6 @@ from .replay import replay, with_expectations
 from .report import ClassTally, RunResult
 from .trace import Trace, load
 
-PAGE_SIZES = (1, 2, 4, 16)
-ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
-    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 1), (4, 8, 128), (16, 5, 4))
-"""The default interval 128 never fires in pools this small (a request cannot outgrow its
-cursor by 128 tokens): (4, 8, 128) checks that nothing is evicted before it is due, and
-(4, 8, 1) is the page-multiple window with decode eviction firing."""
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
 
 
@@ -49,19 +44,17 @@ def machines(adapter: Adapter, against: str | None = None):
     is also applied to that adapter and the observables the spec fixes must agree
     (differential mode)."""
     shadow = load_adapter(against) if against else None
-    if adapter.make_allocator is not None:
-        for page_size in PAGE_SIZES:
-            if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
-                yield f"allocator P={page_size}", allocator_machine(
-                    adapter.make_allocator, page_size, adapter.capabilities, adapter.observables,
-                    shadow=shadow)
-    if adapter.make_engine is not None:
-        for page_size, window, interval in ENGINE_CONFIGS:
-            if CAPABILITY_OF_PAGE_SIZE[page_size == 1] in adapter.capabilities:
-                policy = Policy(adapter.policy_version, decode_eviction_interval=interval)
-                yield (f"engine P={page_size} W={window} I={interval}",
-                       engine_machine(adapter.make_engine, page_size, window, policy, adapter.capabilities,
-                                      adapter.observables, shadow=shadow))
+    for run in RUNS:
+        if CAPABILITY_OF_PAGE_SIZE[run.page_size == 1] not in adapter.capabilities:
+            continue
+        if run.tier == "allocator" and adapter.make_allocator is not None:
+            yield run.label, allocator_machine(adapter.make_allocator, run.page_size, adapter.capabilities,
+                                               adapter.observables, shadow=shadow)
+        elif run.tier == "engine" and adapter.make_engine is not None:
+            policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
+            yield run.label, engine_machine(adapter.make_engine, run.page_size, run.window, policy,
+                                            adapter.capabilities, adapter.observables, shadow=shadow,
+                                            model=adapter.model)
 
 
 def probe(adapter: Adapter) -> None:

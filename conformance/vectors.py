@@ -5,7 +5,7 @@ A corpus is a directory of traces (trace.py's format) and an `index.json` naming
 with its step count and SHA-256, so a replay notices a vector that is missing, altered,
 or not listed. It holds:
 
-  * the worked examples of the semantics digest (§4.3 chunked prefill, §4.4 decode and
+  * the worked examples of docs/engines/sglang.md (§4.3 chunked prefill, §4.4 decode and
     finish, §5 PD-decode pre-allocation with and without a cached prefix);
   * random request lifecycles from the engine state machine with a fixed seed, per
     policy version and page size (windows that are and are not page multiples);
@@ -51,7 +51,7 @@ def step(op: str, **args) -> TraceStep:
 
 
 def walkthroughs() -> dict[str, Trace]:
-    """The digest's worked examples (P = 4, W = 8), as in tests/test_walkthroughs.py."""
+    """The worked examples of docs/engines/sglang.md (P = 4, W = 8), as in tests/test_walkthroughs.py."""
     def config(version=SGLANG_0_5_23, interval=4):
         return engine_config_json(EngineConfig(4, 8, 128, 64, 8, Policy(version, interval)))
 
@@ -72,7 +72,7 @@ def walkthroughs() -> dict[str, Trace]:
             step("decode", rid="r", token=9), step("finish", rid="r", trim=0)]),
     }
     return {f"walkthrough-{name}": Trace("engine", cfg, "reference", (*steps, step("drain")),
-                                         description=f"semantics digest §{name.split('-')[0]}: {name}")
+                                         description=f"docs/engines/sglang.md §{name.split('-')[0]}: {name}")
             for name, (cfg, steps) in walks.items()}
 
 

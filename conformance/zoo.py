@@ -14,7 +14,6 @@ counterexample (before shrinking). `--json F` writes the same as a zoo/1 documen
 (schemas/zoo.schema.json; each run in it is a run of report/1).
 """
 
-import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from referencing import Registry, Resource
 
 from kvspec.spec.invariants import INVARIANTS
 
+from .families import CRASH, Family, families
 from .isolation import run_jobs
 from .profiles import PROFILES
 from .protocol import AdapterError, load_adapter
@@ -33,12 +33,9 @@ from .runs import Job, isolated_check, lost_check
 from .trace import kvspec_version
 
 ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
-CRASH = "crash"
-"""The detection of a mutant no invariant can see first (kvspec.adapters.mutants.seeding.CRASH)."""
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
-IMPLEMENTATIONS = ("reference", "sglang", "vllm")
-SGLANG_INSTALL = "pip install --no-deps -r adapters/sglang/requirements.txt"
-VLLM_INSTALL = "pip install --no-deps -r adapters/vllm/requirements.txt"
+IMPLEMENTATION_ORDER = {"reference": 0, "sglang": 1, "vllm": 2}
+"""The order of the table: kvspec's own reference first."""
 
 
 @dataclass(frozen=True)
@@ -50,46 +47,35 @@ class Specimen:
     slug: str
     run: str  # the label of the run that exposes it, e.g. "engine P=4 W=6 I=4"
     clause: str
-    invariant_class: str  # an invariant class, or "crash" (kvspec.adapters.mutants.seeding.CRASH)
+    invariant_class: str  # an invariant class, or CRASH
     reverts: str
     crash_message: str = ""
 
 
-def specimens(mutants: dict, implementation: str, prefix: str) -> list[Specimen]:
-    # vLLM's mutants revert no SGLang fix and none is seen only as a crash: they declare
-    # neither `reverts` nor `crash_message`
-    return [Specimen(implementation, f"{prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
+def specimens(family: Family) -> list[Specimen]:
+    # a mutant that reverts no SGLang fix, or is never seen as a crash, declares neither
+    # `reverts` nor `crash_message`
+    return [Specimen(family.implementation, f"{family.prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
                      mutant.invariant_class, getattr(mutant, "reverts", ""), getattr(mutant, "crash_message", ""))
-            for slug, mutant in sorted(mutants.items())]
+            for slug, mutant in sorted(family.members().items())]
 
 
-def sglang_installed() -> bool:
-    return importlib.util.find_spec("sglang") is not None
+def implementations() -> tuple[str, ...]:
+    """What the registered families are built on ("reference", "sglang", "vllm", ...)."""
+    return tuple(dict.fromkeys(family.implementation for family in sorted(families(), key=lambda f: f.prefix)))
 
 
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def collect(implementations: tuple[str, ...], only: list[str] | None) -> list[Specimen]:
+def collect(chosen_implementations: tuple[str, ...], only: list[str] | None) -> list[Specimen]:
     """The zoo's specimens for the chosen implementations, those named by `only` if given."""
-    from kvspec.adapters.mutants import MUTANTS
-
-    chosen = specimens(MUTANTS, "reference", "mutant-") if "reference" in implementations else []
-    if "sglang" in implementations:
-        if not sglang_installed():
-            raise AdapterError(f"the SGLang mutants need SGLang 0.5.23: {SGLANG_INSTALL} "
+    chosen = []
+    for family in sorted(families(), key=lambda f: f.prefix):
+        if family.implementation not in chosen_implementations:
+            continue
+        if not family.installed():
+            raise AdapterError(f"the {family.implementation} mutants need {family.requires}: {family.install} "
                                f"(or --implementation reference)")
-        from kvspec.adapters.sglang.mutants import MUTANTS as SGLANG_MUTANTS
-
-        chosen += specimens(SGLANG_MUTANTS, "sglang", "sglang-mutant-")
-    if "vllm" in implementations:
-        if not vllm_installed():
-            raise AdapterError(f"the vLLM mutants need vLLM 0.33.0: {VLLM_INSTALL} "
-                               f"(or --implementation reference)")
-        from kvspec.adapters.vllm.mutants import MUTANTS as VLLM_MUTANTS
-
-        chosen += specimens(VLLM_MUTANTS, "vllm", "vllm-mutant-")
+        chosen += specimens(family)
+    chosen.sort(key=lambda specimen: IMPLEMENTATION_ORDER.get(specimen.implementation, len(IMPLEMENTATION_ORDER)))
     if only:
         unknown = [text for text in only if not any(text in specimen.adapter for specimen in chosen)]
         if unknown:
@@ -221,18 +207,17 @@ def write_json(document: dict, path: str | Path) -> None:
 
 
 def installed_implementations(implementation: str, say=print) -> tuple[str, ...]:
-    """The implementations `--implementation` names: for "all", the reference's and those
-    of the real engines that are installed (saying which are not)."""
+    """The implementations `--implementation` names: for "all", those of every registered
+    family whose engine is installed (saying which are not)."""
     if implementation != "all":
         return (implementation,)
-    chosen = ["reference"]
-    for name, label, installed, install in (("sglang", "SGLang", sglang_installed, SGLANG_INSTALL),
-                                            ("vllm", "vLLM", vllm_installed, VLLM_INSTALL)):
-        if installed():
-            chosen.append(name)
+    chosen = []
+    for family in sorted(families(), key=lambda f: IMPLEMENTATION_ORDER.get(f.implementation, 9)):
+        if family.installed():
+            chosen.append(family.implementation)
         else:
-            say(f"kvspec zoo: {label} is not installed, so its mutants do not run ({install})")
-    return tuple(chosen)
+            say(f"kvspec zoo: {family.requires} is not installed, so its mutants do not run ({family.install})")
+    return tuple(dict.fromkeys(chosen))
 
 
 def zoo_command(args) -> int:
@@ -254,7 +239,7 @@ def add_command(subparsers):
     """Register `zoo` on the CLI's subparsers; `args.func(args)` runs it."""
     parser = subparsers.add_parser("zoo", help="run every seeded bug; each must be caught by its invariant class",
                                    description=__doc__.split("\n\n")[0])
-    parser.add_argument("--implementation", choices=("all", *IMPLEMENTATIONS), default="all",
+    parser.add_argument("--implementation", choices=("all", *implementations()), default="all",
                         help="whose mutants: the reference's, those patched into real SGLang or real "
                              "vLLM, or all (default; SGLang's and vLLM's only where they are installed)")
     parser.add_argument("--only", action="append", metavar="TEXT",

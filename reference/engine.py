@@ -21,7 +21,7 @@ from kvspec.spec.invariants import engine_violations
 from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_segments
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, Step, held_full_slots
+from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, Step, held_full_slots
 from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
@@ -313,21 +313,21 @@ class Engine:
 
     # -- observation ------------------------------------------------------------------
 
-    def snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot(self.config, self.allocator.state(),
+    def snapshot(self) -> TwoPoolSnapshot:
+        return TwoPoolSnapshot(self.config, self.allocator.state(),
                               tuple(r.view() for r in self.requests.values()),
                               () if self.tree is None else self.tree.views(),
                               None if self.tree is None else self.tree.ledgers())
 
-    def partial_snapshot(self) -> EngineSnapshot:
+    def partial_snapshot(self) -> TwoPoolSnapshot:
         """[OBS-4] The same, but the allocator shows free counts and the mapping of the
         slots the requests and nodes hold only: its cost does not grow with the pools."""
         requests = tuple(r.view() for r in self.requests.values())
         nodes = () if self.tree is None else self.tree.views()
-        return EngineSnapshot(self.config, self.allocator.partial_state(held_full_slots(requests, nodes)), requests, nodes,
+        return TwoPoolSnapshot(self.config, self.allocator.partial_state(held_full_slots(requests, nodes)), requests, nodes,
                               None if self.tree is None else self.tree.ledgers())
 
-    def check_invariants(self, previous: EngineSnapshot | None = None, step: Step | None = None) -> EngineSnapshot:
+    def check_invariants(self, previous: TwoPoolSnapshot | None = None, step: Step | None = None) -> TwoPoolSnapshot:
         """Check every invariant; on a violation raise with the state that explains it.
         Returns the snapshot, to pass as `previous` next time."""
         now = self.snapshot()
@@ -338,7 +338,7 @@ class Engine:
         return now
 
 
-def describe(snapshot: EngineSnapshot) -> str:
+def describe(snapshot: TwoPoolSnapshot) -> str:
     """A readable dump: pools, requests, and the tree."""
     a = snapshot.allocator
     lines = [f"{name} pool: {pool.free_count}/{pool.num_pages} pages free "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .notation import Position
-from .outcomes import OutOfMemory
+from .outcomes import Name, OutOfMemory
 from .pages import new_pages_for_extend, pages_for
 
 
@@ -92,6 +92,25 @@ def swa_tail_starts_on_page(seq_len: Position, swa_tail_len: int, page_size: int
     pre: 0 <= swa_tail_len <= seq_len
     """
     return (seq_len - swa_tail_len) % page_size == 0
+
+
+class AllocatorOperation(Name):
+    """[ALLOC-1] The operations of a hybrid allocator, as traces name them."""
+
+    ALLOC = "alloc"
+    ALLOC_EXTEND = "alloc_extend"
+    ALLOC_DECODE = "alloc_decode"
+    ALLOC_EXTEND_SWA_TAIL = "alloc_extend_swa_tail"
+    FREE = "free"
+    FREE_SWA = "free_swa"
+    FREE_FULL = "free_full"
+    FREE_SEGMENT = "free_segment"
+    FREE_SWA_SEGMENT = "free_swa_segment"
+    FREE_FULL_SEGMENT = "free_full_segment"
+    FREE_GROUP_BEGIN = "free_group_begin"
+    FREE_GROUP_END = "free_group_end"
+    TRANSLATE = "translate"
+    CLEAR = "clear"
 
 
 class HybridAllocatorOperations(Protocol):

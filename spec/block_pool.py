@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from .notation import Violation
 from .pages import pages_for
+from .registry import invariant
+from .snapshot import EngineConfig, EngineSnapshot, RequestView, request_lengths
 
 NULL_BLOCK = 0
 """[BLOCK-3] The id of the null block: it stands in a table for a block the request does not hold."""
@@ -68,6 +70,32 @@ class BlockPoolView:
     """(hash, group id, count): the keys that replaying the engine's KV events from the
     start leaves, each with how many more times it was stored than removed (below 0 for
     a key removed more often than stored); None for an engine that publishes none."""
+
+
+@dataclass(frozen=True)
+class BlockPoolSnapshot(EngineSnapshot):
+    """[OBS-1] Everything observable of a shared-block-pool engine between two operations:
+    its requests (rows and cursors as a two-pool engine shows them: row[i] names the slot
+    of position i in its full-attention table, the SWA cursor is where the first block of
+    its sliding-window table that is not the null block starts) and the block pool."""
+
+    config: EngineConfig
+    requests: tuple[RequestView, ...]
+    block_pool: BlockPoolView
+
+
+def block_pool_observables(snapshot: BlockPoolSnapshot, outcome: str) -> dict:
+    """[OBS-3] What the spec fixes after a step of a shared-block-pool engine: the outcome,
+    the free blocks (cached or not), and the lengths of each request."""
+    return {"outcome": outcome, "free_blocks": len(snapshot.block_pool.free_queue),
+            "requests": request_lengths(snapshot)}
+
+
+def drained_violations(snapshot: BlockPoolSnapshot) -> list[Violation]:
+    """[BLOCK-1] With every request released, every real block is free (cached or not)."""
+    view = snapshot.block_pool
+    held = len(view.blocks) - 1 - len(view.free_queue)
+    return [Violation("BLOCK-1", f"{held} real blocks are not free (leak)")] if held else []
 
 
 def released_swa_blocks(processed: int, window: int, block_size: int) -> int:
@@ -123,13 +151,12 @@ def table_references(view: BlockPoolView) -> Counter:
 
 # -- the predicates -------------------------------------------------------------------------
 
-def pool_accounting_violations(now) -> list[Violation]:
+@invariant("BLOCK-1", "leak")
+def pool_accounting_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-1] The free queue holds each real block at most once and never the null
     block; a real block is free exactly when no table holds it (ref count 0), so
     free + used + 1 (the null block) == the pool."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     queued = Counter(view.free_queue)
     for block, count in sorted(queued.items()):
@@ -149,12 +176,11 @@ def pool_accounting_violations(now) -> list[Violation]:
     return found
 
 
-def reference_count_violations(now) -> list[Violation]:
+@invariant("BLOCK-2", "ownership")
+def reference_count_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-2] Each block's reference count is the number of table entries that hold
     it, and every table that holds it is of one group."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     references = table_references(view)
     for block in view.blocks[1:]:
@@ -173,12 +199,11 @@ def reference_count_violations(now) -> list[Violation]:
     return found
 
 
-def null_block_violations(now) -> list[Violation]:
+@invariant("BLOCK-3", "ownership")
+def null_block_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-3] The null block is never free, never cached and never counted; it stands
     only in sliding-window tables, and only as a prefix of one."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     null = view.blocks[NULL_BLOCK]
     if NULL_BLOCK in view.free_queue:
@@ -199,14 +224,13 @@ def null_block_violations(now) -> list[Violation]:
     return found
 
 
-def table_shape_violations(now) -> list[Violation]:
+@invariant("BLOCK-4", "alignment", reads={"rows"})
+def table_shape_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-4] A request has a table in every group exactly while it holds KV, each of
     `cdiv(kv_allocated_len, block_size)` entries naming blocks of the pool, and the
     allocation it records is the one its row shows: it ran with at most the tokens
     computed since (`processed <= kv_committed_len`) and left `kv_allocated_len` slots."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     rows = {r.rid: r for r in now.requests}
     for request in view.requests:
@@ -243,12 +267,11 @@ def swa_tables(view: BlockPoolView):
             for group, table in enumerate(request.tables) if view.groups[group] == SWA]
 
 
-def window_coverage_violations(now) -> list[Violation]:
+@invariant("BLOCK-5", "window-liveness")
+def window_coverage_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-5] Nothing the next token reads is released: a sliding-window table's null
     prefix is at most `released_swa_blocks(processed)` long."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     for request, table in swa_tables(view):
         released = null_prefix_length(table)
@@ -260,13 +283,12 @@ def window_coverage_violations(now) -> list[Violation]:
     return found
 
 
-def window_release_violations(now) -> list[Violation]:
+@invariant("BLOCK-6", "window-bound")
+def window_release_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-6] Everything the next token does not read is released at each allocation:
     the null prefix is exactly `released_swa_blocks(processed)` long, so the table holds
     `held_swa_blocks` real blocks, at most `swa_block_bound(window, slots - processed)`."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     for request, table in swa_tables(view):
         released = null_prefix_length(table)
@@ -280,13 +302,12 @@ def window_release_violations(now) -> list[Violation]:
     return found
 
 
-def cache_map_violations(now) -> list[Violation]:
+@invariant("BLOCK-7", "mapping")
+def cache_map_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-7] The prefix-cache map and the blocks agree: each entry's block carries its
     key, each cached block has its entry, and a cached block held by a table is held by a
     table of its key's group."""
     view = now.block_pool
-    if view is None:
-        return []
     found = []
     entries = set(view.cache_map)
     for key_hash, group, block in sorted(entries):
@@ -310,7 +331,8 @@ def cache_map_violations(now) -> list[Violation]:
     return found
 
 
-def event_replay_violations(now) -> list[Violation]:
+@invariant("BLOCK-8", "mapping")
+def event_replay_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-8] Replaying the engine's KV events (stored, removed, all cleared) gives the
     prefix-cache map's keys, each as many times as the map holds it: a consumer of the
     events alone knows what is cached."""

@@ -1,15 +1,121 @@
-"""Decisions of the request lifecycle [LIFE-3 .. LIFE-7], as pure functions.
+"""The request lifecycle [LIFE-1 .. LIFE-7]: the engine's operations and the decisions they rest on.
 
 The engine's operations (admit, prefill chunk, decode step, finish, abort, retract,
-PD-decode pre-allocation, evict) are described in 06-lifecycle.md; these are the
-arithmetic they rest on, so that an implementation and the reference compute the same
-boundaries.
+PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
+states their signatures, `refusal` the misuse every engine must refuse (LIFE-1), and the
+functions below the arithmetic they rest on, so that an implementation and the reference
+compute the same boundaries.
 """
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .notation import Position
+from .outcomes import Name, OutOfMemory
 from .pages import ceil_page, floor_page
+
+
+class EngineOperation(Name):
+    """[LIFE-2] The operations of an engine, as traces name them."""
+
+    ADMIT = "admit"
+    PD_ADMIT = "pd_admit"
+    PREFILL_CHUNK = "prefill_chunk"
+    DECODE = "decode"
+    FINISH = "finish"
+    ABORT = "abort"
+    RETRACT = "retract"
+    EVICT = "evict"
+
+
+class EngineOperations(Protocol):
+    """[LIFE-2] The operations of an engine, with the argument names traces use. An
+    allocation that cannot be served returns OutOfMemory and changes nothing of the
+    request (LIFE-7, I15); a misuse raises InvalidRequest and changes nothing (LIFE-1)."""
+
+    def admit(self, rid: str, prompt: Sequence[int] | None) -> OutOfMemory | None:
+        """[LIFE-3] Take a row and lock the longest cached prefix; `prompt` None re-admits a retracted request."""
+
+    def pd_admit(self, rid: str, prompt: Sequence[int], first_output: int) -> OutOfMemory | None:
+        """[LIFE-6] PD-decode: allocate the KV a prefill server sends (full for all, SWA for the tail)."""
+
+    def prefill_chunk(self, rid: str, chunk: int, token: int) -> OutOfMemory | None:
+        """[LIFE-4] Compute the next `chunk` prompt tokens and checkpoint them; the last one samples `token`."""
+
+    def decode(self, rid: str, token: int) -> OutOfMemory | None:
+        """[LIFE-8] Window eviction when due, then one slot for the last sampled token; samples `token`."""
+
+    def finish(self, rid: str, trim: int) -> None:
+        """[LIFE-5] Cache what the request owns, less the last `trim` tokens, and free the rest."""
+
+    def abort(self, rid: str) -> None:
+        """[LIFE-5] Release without caching."""
+
+    def retract(self, rid: str) -> None:
+        """[LIFE-5] Release without caching, and wait to be admitted again with every token."""
+
+    def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
+        """[LIFE-7] Evict from the prefix cache; the tokens freed per pool."""
+
+
+@dataclass(frozen=True)
+class RunningRequest:
+    """[LIFE-1] What the misuse rules read of a running request."""
+
+    finished_prefill: bool
+    seq_len: Position
+    """Tokens known: prompt and outputs."""
+    trimmable: int
+    """The most tokens a finish may leave out of the cache: those the request owns (its
+    own KV past the prefix it matched)."""
+
+
+def refusal(operation: str, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
+            size_full: int) -> str | None:
+    """[LIFE-1] Why the lifecycle forbids this call, or None if it allows it. Every engine
+    refuses what this names, with InvalidRequest and no change, and nothing else.
+    `args` are the operation's arguments by EngineOperations' names; `running` the
+    requests that hold a row, `retracted` those waiting to be admitted again."""
+    rid = args.get("rid")
+    if operation in (EngineOperation.ADMIT, EngineOperation.PD_ADMIT):
+        prompt = args.get("prompt")
+        if operation == EngineOperation.PD_ADMIT and not prompt:
+            return f"PD-decode request {rid!r} has no prompt; its KV comes from a prefill of at least one token"
+        if rid in running:
+            return f"request {rid!r} is already running; use a new request id"
+        if prompt is None:
+            return None if rid in retracted else f"request {rid!r} was not retracted; pass its prompt to admit it"
+        tokens = len(prompt) + (operation == EngineOperation.PD_ADMIT)
+        if tokens == 0:
+            return f"request {rid!r} has no tokens; a prompt needs at least one"
+        if tokens + 1 > size_full:
+            return (f"request {rid!r}: {tokens} tokens cannot fit the full pool of {size_full} slots; "
+                    f"shorten the prompt or grow the pool")
+        return None
+    if operation == EngineOperation.EVICT:
+        if args["full_tokens"] < 0 or args["swa_tokens"] < 0:
+            return f"evict needs non-negative token counts (got {args['full_tokens']}, {args['swa_tokens']})"
+        return None
+    if rid not in running:
+        return f"unknown request {rid!r}: admit it first (running: {sorted(running)})"
+    request = running[rid]
+    if operation == EngineOperation.PREFILL_CHUNK:
+        if request.finished_prefill:
+            return f"request {rid!r} has finished its prefill; run decode steps"
+        if args["chunk"] < 1:
+            return f"a prefill chunk needs chunk_len >= 1 (got {args['chunk']})"
+    elif operation == EngineOperation.DECODE:
+        if not request.finished_prefill:
+            return f"request {rid!r} is still in prefill; finish its prefill chunks first"
+        if request.seq_len + 1 > size_full:
+            return f"request {rid!r} would outgrow the full pool; finish it"
+    elif operation == EngineOperation.FINISH:
+        if not request.finished_prefill:
+            return f"request {rid!r} cannot finish during prefill; abort it instead"
+        if not 0 <= args["trim"] <= request.trimmable:
+            return f"request {rid!r}: trim {args['trim']} must lie within its own tokens (0..{request.trimmable})"
+    return None
 
 
 def admission_match_limit(num_tokens: int) -> int:

@@ -6,6 +6,28 @@ was wrong: the caller has a bug, and state was left untouched.
 """
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Name(str, Enum):
+    """A name the spec fixes, spelled as traces, vectors and reports spell it: an enum
+    member is its own string (`Outcome.OK == "ok"`, and it prints as `ok`)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Outcome(Name):
+    """[OBS-3] How a step ended, as a trace's `expect` records it."""
+
+    OK = "ok"
+    OUT_OF_MEMORY = "out_of_memory"
+    """The allocation could not be served (ALLOC-4): OutOfMemory was returned."""
+    REFUSED = "refused"
+    """A misuse the spec requires the implementation to refuse was refused (LIFE-1, ALLOC-6)."""
 
 
 @dataclass(frozen=True)

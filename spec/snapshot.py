@@ -8,8 +8,8 @@ node ids are opaque (only equality matters), the root is the node whose parent i
 from dataclasses import dataclass
 
 from .accounting import AllocatorState
-from .block_pool import BlockPoolView
-from .notation import Position, SlotId
+from .notation import Position, SlotId, Violation
+from .outcomes import Outcome
 from .window import Policy
 
 
@@ -90,9 +90,19 @@ class Ledgers:
     swa_protected: int
 
 
-@dataclass(frozen=True)
 class EngineSnapshot:
-    """Everything observable of an engine between two operations."""
+    """[OBS-1] What every engine snapshot has, whatever its memory model: the
+    configuration and the requests that hold KV. An invariant whose `now` is annotated
+    with this class applies to every model; one annotated with a subclass only to it."""
+
+    config: EngineConfig
+    requests: tuple[RequestView, ...]
+
+
+@dataclass(frozen=True)
+class TwoPoolSnapshot(EngineSnapshot):
+    """[OBS-1] Everything observable of a two-pool engine (chapters 01-07) between two
+    operations: both pools with the full->SWA mapping, the requests, the prefix tree."""
 
     config: EngineConfig
     allocator: AllocatorState
@@ -100,9 +110,6 @@ class EngineSnapshot:
     nodes: tuple[NodeView, ...]
     """Every node, the root included; empty when the engine has no prefix cache."""
     ledgers: Ledgers | None = None
-    block_pool: BlockPoolView | None = None
-    """An engine with one shared block pool (chapter 08) shows it here; its `allocator`
-    then shows that pool as `full` and an empty `swa`, and it has no mapping or tree."""
 
 
 def held_full_slots(requests: tuple[RequestView, ...], nodes: tuple[NodeView, ...]) -> list[SlotId]:
@@ -116,21 +123,35 @@ class Step:
     """[OBS-2] The operation that led from one snapshot to the next."""
 
     operation: str
-    """admit, pd_admit, prefill_chunk, decode, finish, abort, retract or evict."""
+    """An EngineOperation: admit, pd_admit, prefill_chunk, decode, finish, abort, retract or evict."""
     rid: str | None = None
-    outcome: str = "ok"
-    """ok, or the name of the outcome (OutOfMemory, InvalidRequest...)."""
+    outcome: Outcome = Outcome.OK
 
 
-def fixed_observables(snapshot: EngineSnapshot, outcome: str) -> dict:
-    """[OBS-3] What the spec fixes after a step, as plain data: the outcome, the free
-    pages per pool, and per request [seq_len, kv_committed_len, kv_allocated_len,
+def request_lengths(snapshot: EngineSnapshot) -> dict[str, list[int]]:
+    """[OBS-3] Per request [seq_len, kv_committed_len, kv_allocated_len,
     cache_protected_len, swa_evicted_seqlen]."""
+    return {r.rid: [r.seq_len, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len, r.swa_evicted_seqlen]
+            for r in snapshot.requests}
+
+
+def two_pool_observables(snapshot: TwoPoolSnapshot, outcome: Outcome) -> dict:
+    """[OBS-3] What the spec fixes after a step of a two-pool engine, as plain data: the
+    outcome, the free pages per pool, and the lengths of each request (request_lengths)."""
     return {"outcome": outcome,
             "free_full_pages": snapshot.allocator.full.free_count,
             "free_swa_pages": snapshot.allocator.swa.free_count,
-            "requests": {r.rid: [r.seq_len, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len,
-                                 r.swa_evicted_seqlen] for r in snapshot.requests}}
+            "requests": request_lengths(snapshot)}
+
+
+def two_pool_drained_violations(snapshot: TwoPoolSnapshot) -> list[Violation]:
+    """[I2, I3] With every request released and the whole cache evicted, every page of
+    both pools is free: a page that is not is a leak."""
+    found = []
+    for clause, pool in (("I2", snapshot.allocator.full), ("I3", snapshot.allocator.swa)):
+        if pool.num_pages != pool.free_count:
+            found.append(Violation(clause, f"{pool.num_pages - pool.free_count} {pool.name} pages are not free (leak)"))
+    return found
 
 
 POOL_CHECK_SLOTS = 4096

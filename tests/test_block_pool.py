@@ -26,6 +26,7 @@ from kvspec.spec.block_pool import (
     NULL_BLOCK,
     SWA,
     Block,
+    BlockPoolSnapshot,
     BlockPoolView,
     RequestBlocks,
     cache_map_violations,
@@ -42,9 +43,9 @@ from kvspec.spec.block_pool import (
     window_coverage_violations,
     window_release_violations,
 )
-from kvspec.spec.invariants import INVARIANTS, engine_violations
+from kvspec.spec.invariants import INVARIANTS, applicable, engine_violations
 from kvspec.spec.pages import pages_for
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
+from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, TwoPoolSnapshot
 from kvspec.spec.window import VLLM_0_33, Policy
 
 BS, W = 4, 6
@@ -105,18 +106,15 @@ def request_row(blocks: RequestBlocks) -> RequestView:
                        kv_allocated_len=blocks.slots, last_node=None, **PROGRESS[blocks.rid])
 
 
-def engine_snapshot(view: BlockPoolView | None, rows: tuple[RequestView, ...] | None = None) -> EngineSnapshot:
+def engine_snapshot(view: BlockPoolView, rows: tuple[RequestView, ...] | None = None) -> BlockPoolSnapshot:
     """The snapshot of an engine showing `view`: its rows are those of `view`'s requests
-    unless given; its allocator shows the block pool as `full` and an empty `swa`."""
-    shown = view or pool_view()
+    unless given."""
     if rows is None:
-        rows = tuple(request_row(blocks) for blocks in shown.requests)
-    num_blocks = len(shown.blocks)
+        rows = tuple(request_row(blocks) for blocks in view.requests)
+    num_blocks = len(view.blocks)
     config = EngineConfig(page_size=BS, window=W, size_full=8 * BS, size_swa=(num_blocks - 1 - 8) * BS,
                           policy=Policy(VLLM_0_33))
-    pool = PoolState("blocks", BS, num_blocks - 1, shown.free_queue)
-    allocator = AllocatorState(BS, (num_blocks - 1) * BS, pool, PoolState("swa", BS, 0, ()), ())
-    return EngineSnapshot(config, allocator, rows, (), None, view)
+    return BlockPoolSnapshot(config, rows, view)
 
 
 def reported(view: BlockPoolView, rows: tuple[RequestView, ...] | None = None) -> set[str]:
@@ -180,19 +178,20 @@ def test_block_clauses_are_registered_engine_invariants():
                           "BLOCK-3": null_block_violations, "BLOCK-4": table_shape_violations,
                           "BLOCK-5": window_coverage_violations, "BLOCK-6": window_release_violations,
                           "BLOCK-7": cache_map_violations, "BLOCK-8": event_replay_violations}
-    assert not any(invariant.needs_previous for invariant in INVARIANTS if invariant.clause in registered)
+    assert not any(invariant.compares_steps for invariant in INVARIANTS if invariant.clause in registered)
     broken = engine_snapshot(replace(pool_view(), free_queue=(12, 11, 12)))
     assert "BLOCK-1" in {violation.clause for violation in engine_violations(None, None, broken)}
 
 
-def test_an_engine_without_a_block_pool_has_nothing_to_check():
-    """[BLOCK-1, BLOCK-2, BLOCK-3, BLOCK-4, BLOCK-5, BLOCK-6, BLOCK-7, BLOCK-8] An engine of
-    the two-pool model shows no block pool: every predicate is vacuous, even with request
-    rows that hold slots (BLOCK-4 has no tables to compare them with)."""
-    now = engine_snapshot(None)
-    assert now.block_pool is None and any(row.kv_allocated_len for row in now.requests)
-    for predicate in PREDICATES:
-        assert predicate(now) == [], predicate.__name__
+def test_a_check_of_the_other_memory_model_does_not_apply():
+    """[BLOCK-1, BLOCK-2, BLOCK-3, BLOCK-4, BLOCK-5, BLOCK-6, BLOCK-7, BLOCK-8, OBS-1] Each
+    memory model has its own snapshot type, and a check reads only its own: no BLOCK check
+    applies to a two-pool snapshot, and of the two-pool checks only those of every
+    engine (I7's cursors, I15's atomicity: request rows) apply to a block-pool one."""
+    assert not any(check.clause.startswith("BLOCK-") for check in applicable(TwoPoolSnapshot))
+    shared = {check.clause for check in applicable(BlockPoolSnapshot) if not check.clause.startswith("BLOCK-")}
+    assert shared == {"I7", "I15"}
+    assert all(check.snapshot_type is EngineSnapshot for check in INVARIANTS if check.clause in shared)
 
 
 # -- BLOCK-1 the pool and its free queue ---------------------------------------------------------

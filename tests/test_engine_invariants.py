@@ -15,9 +15,11 @@ from dataclasses import replace
 
 import pytest
 
+from kvspec.spec.outcomes import Outcome
 from kvspec.spec.accounting import AllocatorState, PoolState
-from kvspec.spec.invariants import INVARIANT_CLASSES, INVARIANTS, engine_violations
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, Ledgers, NodeView, RequestView, Step
+from kvspec.spec.invariants import INVARIANTS, engine_violations
+from kvspec.spec.registry import INVARIANT_CLASSES
+from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, Ledgers, NodeView, RequestView, Step
 from kvspec.spec.window import Policy
 
 P, W = 4, 8
@@ -67,7 +69,7 @@ def ledgers_of(nodes: tuple[NodeView, ...]) -> Ledgers:
 
 
 def engine(*, tree="path", a_live=False, b_live=True, leaf=True, cursor=16, allocated=22, committed=21,
-           decode_steps=6, finished_prefill=True, seq_len=22, policy=Policy(), prefix_cache=True) -> EngineSnapshot:
+           decode_steps=6, finished_prefill=True, seq_len=22, policy=Policy(), prefix_cache=True) -> TwoPoolSnapshot:
     """A consistent snapshot. tree: "path" (A and B, r1 locks B), "a" (A only, r1 at the
     root, admitted before A was inserted) or "none" (r1 at the root)."""
     layout = Layout()
@@ -102,7 +104,7 @@ def engine(*, tree="path", a_live=False, b_live=True, leaf=True, cursor=16, allo
     swa = PoolState("swa", P, SWA_PAGES, tuple(sorted(layout.swa_pages)))
     config = EngineConfig(page_size=P, window=W, size_full=FULL_PAGES * P, size_swa=SWA_PAGES * P, policy=policy)
     nodes = tuple(nodes) if prefix_cache else ()
-    return EngineSnapshot(config, AllocatorState(P, FULL_PAGES * P, full, swa, tuple(layout.mapping)), (request,), nodes,
+    return TwoPoolSnapshot(config, AllocatorState(P, FULL_PAGES * P, full, swa, tuple(layout.mapping)), (request,), nodes,
                           ledgers_of(nodes) if prefix_cache else None)
 
 
@@ -116,22 +118,22 @@ def clauses(previous, step, now) -> set[str]:
     return {violation.clause for violation in engine_violations(previous, step, now)}
 
 
-def with_request(snapshot: EngineSnapshot, **changes) -> EngineSnapshot:
+def with_request(snapshot: TwoPoolSnapshot, **changes) -> TwoPoolSnapshot:
     return replace(snapshot, requests=(replace(snapshot.requests[0], **changes),))
 
 
-def with_node(snapshot: EngineSnapshot, node_id: int, **changes) -> EngineSnapshot:
+def with_node(snapshot: TwoPoolSnapshot, node_id: int, **changes) -> TwoPoolSnapshot:
     """The snapshot with one node changed and the ledgers recounted (the bug is in the node)."""
     nodes = tuple(replace(node, **changes) if node.node_id == node_id else node for node in snapshot.nodes)
     return replace(snapshot, nodes=nodes, ledgers=ledgers_of(nodes))
 
 
-def with_pool(snapshot: EngineSnapshot, pool: str, **changes) -> EngineSnapshot:
+def with_pool(snapshot: TwoPoolSnapshot, pool: str, **changes) -> TwoPoolSnapshot:
     allocator = snapshot.allocator
     return replace(snapshot, allocator=replace(allocator, **{pool: replace(getattr(allocator, pool), **changes)}))
 
 
-def node(snapshot: EngineSnapshot, node_id: int) -> NodeView:
+def node(snapshot: TwoPoolSnapshot, node_id: int) -> NodeView:
     return next(n for n in snapshot.nodes if n.node_id == node_id)
 
 
@@ -169,8 +171,8 @@ def test_an_unknown_class_fails_at_definition_time():
     pytest.param(engine(), EVICT, engine(leaf=False), id="evict-the-unlocked-leaf"),
     pytest.param(None, None, engine(cursor=20, policy=Policy(decode_eviction_interval=1), **LONG_DECODE), id="decode-interval-1"),
     pytest.param(engine(prefix_cache=False, tree="none", cursor=12), DECODE, engine(prefix_cache=False, tree="none", cursor=12), id="no-prefix-cache"),
-    pytest.param(engine(), Step("decode", "r1", "OutOfMemory"), engine(), id="failed-decode-changes-nothing"),
-    pytest.param(engine(**LONG_DECODE), Step("decode", "r1", "OutOfMemory"), engine(cursor=20, **LONG_DECODE),
+    pytest.param(engine(), Step("decode", "r1", Outcome.OUT_OF_MEMORY), engine(), id="failed-decode-changes-nothing"),
+    pytest.param(engine(**LONG_DECODE), Step("decode", "r1", Outcome.OUT_OF_MEMORY), engine(cursor=20, **LONG_DECODE),
                  id="failed-decode-after-its-window-eviction"),
 ])
 def test_a_consistent_engine_has_no_violations(previous, step, now):
@@ -179,7 +181,7 @@ def test_a_consistent_engine_has_no_violations(previous, step, now):
 
 def test_transition_checks_wait_for_a_previous_snapshot():
     changed = with_request(engine(), decode_steps=7)
-    assert engine_violations(None, Step("decode", "r1", "OutOfMemory"), changed) == []
+    assert engine_violations(None, Step("decode", "r1", Outcome.OUT_OF_MEMORY), changed) == []
 
 
 # -- seeded bugs: allocator invariants over the engine's holders ----------------------------
@@ -318,12 +320,12 @@ def test_i14_locked_swa_evicted():
 
 def test_i15_request_changed_by_a_failed_decode():
     failed = with_request(engine(), decode_steps=7, seq_len=23)
-    assert clauses(engine(), Step("decode", "r1", "OutOfMemory"), failed) == {"I15"}
+    assert clauses(engine(), Step("decode", "r1", Outcome.OUT_OF_MEMORY), failed) == {"I15"}
 
 
 def test_i15_failed_admission_left_a_request():
     before = replace(engine(leaf=False), requests=())
-    assert "I15" in clauses(before, Step("admit", "r1", "OutOfMemory"), engine(leaf=False))
+    assert "I15" in clauses(before, Step("admit", "r1", Outcome.OUT_OF_MEMORY), engine(leaf=False))
 
 
 # -- robustness ------------------------------------------------------------------------------

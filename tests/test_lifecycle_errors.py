@@ -12,6 +12,7 @@ lifecycle does not allow, and what it returns when memory runs out:
 
 import pytest
 
+from kvspec.spec.outcomes import Outcome
 from kvspec.reference.engine import Engine
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, KvSpecError, OutOfMemory
 from kvspec.spec.snapshot import EngineConfig, Step
@@ -173,7 +174,7 @@ def test_prefill_out_of_memory_with_nothing_to_evict_changes_nothing():
     outcome = engine.prefill_chunk("r", 12)
     assert outcome == OutOfMemory("swa", 3, 2)
     assert engine.snapshot() == before
-    engine.check_invariants(before, Step("prefill_chunk", "r", "OutOfMemory"))
+    engine.check_invariants(before, Step("prefill_chunk", "r", Outcome.OUT_OF_MEMORY))
     assert engine.prefill_chunk("r", 8) is None  # a smaller chunk fits
 
 
@@ -188,7 +189,7 @@ def test_prefill_out_of_memory_even_after_eviction_leaves_the_request():
     before = engine.snapshot()
     outcome = engine.prefill_chunk("b", 20)
     assert outcome == OutOfMemory("swa", 5, 4)
-    now = engine.check_invariants(before, Step("prefill_chunk", "b", "OutOfMemory"))
+    now = engine.check_invariants(before, Step("prefill_chunk", "b", Outcome.OUT_OF_MEMORY))
     assert now.requests == before.requests
     assert len(now.nodes) == 1  # the cache was evicted on the way
     assert len(now.allocator.full.free_pages) == 8 and len(now.allocator.swa.free_pages) == 4
@@ -206,7 +207,7 @@ def test_locked_window_is_not_evicted_for_another_request():
     before = engine.snapshot()
     outcome = engine.prefill_chunk("b", 12)
     assert outcome == OutOfMemory("swa", 3, 2)
-    now = engine.check_invariants(before, Step("prefill_chunk", "b", "OutOfMemory"))
+    now = engine.check_invariants(before, Step("prefill_chunk", "b", Outcome.OUT_OF_MEMORY))
     assert now.requests == before.requests
     tree = sorted((n.start, n.end, n.swa_value is not None, n.swa_lock_ref) for n in now.nodes if n.parent is not None)
     assert tree == [(0, 4, False, 0), (4, 12, True, 1)]
@@ -223,7 +224,7 @@ def test_decode_out_of_memory_leaves_the_request():
     before = engine.snapshot()
     outcome = engine.decode("b")
     assert outcome == OutOfMemory("full", 1, 0)
-    engine.check_invariants(before, Step("decode", "b", "OutOfMemory"))
+    engine.check_invariants(before, Step("decode", "b", Outcome.OUT_OF_MEMORY))
     assert engine.snapshot() == before
 
 
@@ -238,7 +239,7 @@ def test_pd_admit_out_of_memory_leaves_no_request_and_no_lock():
     outcome = engine.pd_admit("r", list(range(28)), 0)
     assert outcome == OutOfMemory("swa", 3, 1)
     assert isinstance(outcome, OutOfMemory)
-    now = engine.check_invariants(before, Step("pd_admit", "r", "OutOfMemory"))
+    now = engine.check_invariants(before, Step("pd_admit", "r", Outcome.OUT_OF_MEMORY))
     assert now.requests == ()
     assert all(node.full_lock_ref == 0 and node.swa_lock_ref == 0 for node in now.nodes if node.parent is not None)
 

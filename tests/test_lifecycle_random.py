@@ -6,7 +6,7 @@ chosen for their arithmetic, every invariant checked after every step.
     without prefix sharing pass at W % P != 0, W % P == P - 1, P > W, P == 1 and W % P
     == 0, with decode eviction intervals 1, 4 and 128;
   * drop-margin (retention W) breaks the insert boundary [I10] exactly when
-    1 <= W % P <= P - 2 (digest §3.9): the machine must find the violation there, and
+    1 <= W % P <= P - 2 (docs/engines/sglang.md §3.9): the machine must find the violation there, and
     must not where W % P is 0 or P - 1.
 
 Failing runs are not shrunk (only the verdict matters here), so a run that finds its
@@ -17,6 +17,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.spec.outcomes import Outcome
 from kvspec.adapters.reference import ReferenceEngineAdapter
 from kvspec.conformance.engine_machine import engine_machine
 from kvspec.conformance.profiles import profile
@@ -93,7 +94,7 @@ def replay(config: EngineConfig, calls: list[tuple]) -> None:
     previous = engine.check_invariants()
     for operation, rid, *arguments in calls:
         outcome = getattr(engine, operation)(rid, *arguments)
-        previous = engine.check_invariants(previous, Step(operation, rid, "ok" if outcome is None else "OutOfMemory"))
+        previous = engine.check_invariants(previous, Step(operation, rid, Outcome.OK if outcome is None else Outcome.OUT_OF_MEMORY))
 
 
 @pytest.mark.parametrize("page_size, window, calls", [

@@ -52,13 +52,14 @@ from kvspec.spec.block_pool import (
     NULL_BLOCK,
     SWA,
     Block,
+    BlockPoolSnapshot,
     BlockPoolView,
     RequestBlocks,
     pool_accounting_violations,
     reference_count_violations,
     swa_block_bound,
 )
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
+from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import NO_PREFIX_SHARING, VLLM_0_33, Policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,14 +326,11 @@ def pool_view() -> BlockPoolView:
                          cache_map=tuple(sorted((h, g, b) for b, (h, g) in keys.items())))
 
 
-def pool_snapshot(view: BlockPoolView) -> EngineSnapshot:
-    """A block-pool engine's snapshot as the vllm adapter shows one: the shared pool as
-    the allocator's `full`, an empty `swa`, no tree."""
+def pool_snapshot(view: BlockPoolView) -> BlockPoolSnapshot:
+    """A block-pool engine's snapshot as the vllm adapter shows one, with no requests."""
     real = len(view.blocks) - 1
     config = EngineConfig(page_size=BS, window=W, size_full=8 * BS, size_swa=(real - 8) * BS, policy=Policy(VLLM_0_33))
-    allocator = AllocatorState(BS, real * BS, PoolState("blocks", BS, real, view.free_queue), PoolState("swa", BS, 0, ()),
-                               ())
-    return EngineSnapshot(config, allocator, (), (), None, view)
+    return BlockPoolSnapshot(config, (), view)
 
 
 def block_clauses(view: BlockPoolView) -> set[str]:

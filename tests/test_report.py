@@ -34,7 +34,7 @@ from kvspec.conformance.report import (
     write_junit,
 )
 from kvspec.spec.clauses import load_clauses
-from kvspec.spec.invariants import INVARIANT_CLASSES
+from kvspec.spec.registry import INVARIANT_CLASSES
 
 TRACE = ".kvspec/traces/engine-P4-W6-I4.jsonl"
 NO_TREE = "adapter lacks observable tree"

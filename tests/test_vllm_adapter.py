@@ -1,6 +1,6 @@
 """The vllm adapters drive real vLLM 0.33.0's KV cache manager: a check passes in both
 prefix-cache retention modes with the two-pool checks reported skipped, what the
-adapter shows is vLLM's own state (the semantics digest's scripted trace, block for
+adapter shows is vLLM's own state (the scripted trace of docs/engines/vllm.md §7, block for
 block), a failed allocation's early window release conforms, and bad input is a clear
 error.
 
@@ -61,8 +61,8 @@ def test_a_check_passes_and_reports_the_two_pool_checks_skipped(adapter, tmp_pat
     assert "adapter lacks observable free_sets" in classes["leak"]["skipped_because"]
 
 
-def test_the_view_is_vllms_own_state_the_digests_scripted_trace():
-    """[BLOCK-4, BLOCK-6] The semantics digest's scripted trace (block size 4, vLLM
+def test_the_view_is_vllms_own_state_the_scripted_trace():
+    """[BLOCK-4, BLOCK-6] The scripted trace of docs/engines/vllm.md §7 (block size 4, vLLM
     sliding_window 8 = the spec's window 7, 64 blocks, chunks of 8): the same SWA tables,
     null blocks where the window released them, and the same free counts, read through
     the adapter after every step."""

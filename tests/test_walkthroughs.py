@@ -1,4 +1,4 @@
-"""The worked examples of the SGLang 0.5.23 semantics digest, replayed on the reference
+"""The worked examples of docs/engines/sglang.md (SGLang 0.5.23), replayed on the reference
 engine step by step, with every invariant checked after every step:
 
   * §4.3 [LIFE-4, WIN-3, TREE-3, TREE-4]: a 40-token prompt prefilled in three chunks
@@ -18,7 +18,7 @@ import pytest
 from kvspec.reference.engine import Engine
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.pages import ceil_page, floor_page
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, NodeView, RequestView, Step
+from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, NodeView, RequestView, Step
 from kvspec.spec.window import (DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, Policy,
                                 eviction_frontier, eviction_span_bound, retention, swa_match_length, swa_tail_len)
 
@@ -78,11 +78,11 @@ def locks(path: list[NodeView]) -> list[tuple[int, int]]:
     return [(node.full_lock_ref, node.swa_lock_ref) for node in path]
 
 
-def live_swa_tokens(snapshot: EngineSnapshot) -> int:
+def live_swa_tokens(snapshot: TwoPoolSnapshot) -> int:
     return sum(len(node.key) for node in snapshot.nodes if node.parent is not None and node.swa_value is not None)
 
 
-def assert_every_page_accounted_for(snapshot: EngineSnapshot) -> None:
+def assert_every_page_accounted_for(snapshot: TwoPoolSnapshot) -> None:
     """With no request running: free pages plus the tree's pages are the whole pool."""
     assert not snapshot.requests
     nodes = [node for node in snapshot.nodes if node.parent is not None]
@@ -110,7 +110,7 @@ def prefill_in_three_chunks(walk: Walk) -> list[dict]:
 
 
 def test_4_3_chunked_prefill_walkthrough():
-    """[LIFE-2, LIFE-4, WIN-3, TREE-3, TREE-4] The digest's §4.3, checkpoint by checkpoint:
+    """[LIFE-2, LIFE-4, WIN-3, TREE-3, TREE-4] docs/engines/sglang.md §4.3, checkpoint by checkpoint:
     the request's lengths and cursor after each."""
     walk = Walk(config())
     chunk1, chunk2, chunk3 = prefill_in_three_chunks(walk)
@@ -338,7 +338,7 @@ VERSIONS = (SGLANG_0_5_23, NO_PREFIX_SHARING, DESIGN_MARGIN, DROP_MARGIN)
 
 @pytest.mark.parametrize("arguments, cursors", WORKED_NUMBERS)
 def test_4_1_worked_numbers(arguments, cursors):
-    """[WIN-2, WIN-3] The digest's table (cursor 0, protected 0). The design-era code had
+    """[WIN-2, WIN-3] The table of docs/engines/sglang.md §4.1 (cursor 0, protected 0). The design-era code had
     no early return, but its threshold is negative there: nothing moves either way."""
     pre_len, window, page_size = arguments
     for version, expected in zip(VERSIONS, cursors):

@@ -27,12 +27,12 @@ class STALE_MAPPING(Mutant, slug="stale-mapping", allocator=StaleMappingAllocato
     """The strict SWA free (`free_swa_segment`, `free_segment`, `free_swa` at page size 1)
     returns the SWA pages but leaves the freed full slots mapped to them (MAP-2):
     released positions still name SWA slots the pool may give to another request, and a
-    later free through the mapping frees that request's KV. Bug class 6 of the SGLang
-    digest; 0.5.23 resets the mapping on every SWA free. Both tiers carry the bug."""
+    later free through the mapping frees that request's KV. docs/engines/sglang.md,
+    bug class 6; 0.5.23 resets the mapping on every SWA free. Both tiers carry the bug."""
 
     clause, invariant_class = "I5", "mapping"
     exposed_by = Run(page_size=4)
-    reverts = ("bug class 6 of the SGLang digest (section 7): clear_full_to_swa_mapping in every SWA free path "
+    reverts = ("docs/engines/sglang.md, bug class 6: clear_full_to_swa_mapping in every SWA free path "
                "(allocator/swa.py:514, 577)")
 
 
@@ -72,7 +72,7 @@ class TAIL_FULL_PAGE_COUNT(Mutant, slug="tail-full-page-count", allocator=SwaTai
     clause, invariant_class = "I3", "leak"
     crash_message = "OutOfMemory"  # the same bug, where the SWA pool is short: see the docstring
     exposed_by = Run(page_size=4)
-    reverts = ("bug class 7 of the SGLang digest (section 7): design doc change 2 made alloc_extend_swa_tail pass "
+    reverts = ("docs/engines/sglang.md, bug class 7: design doc change 2 made alloc_extend_swa_tail pass "
                "num_new_pages=num_swa_pages to the SWA sub-allocator (section 2.4)")
 
 
@@ -102,7 +102,7 @@ class FULL_FREED_BEFORE_SWA(Mutant, slug="full-freed-before-swa", allocator=Mapp
 
     clause, invariant_class = "I3", "leak"
     exposed_by = Run(page_size=4)
-    reverts = ("bug class 6 of the SGLang digest (section 7): SGLang's free releases SWA first, \"it reads the "
+    reverts = ("docs/engines/sglang.md, bug class 6: SGLang's free releases SWA first, \"it reads the "
                "mapping\" (allocator/swa.py:467-475), and 0.5.23 guards free_full against live peers (swa.py:615-619)")
 
 
@@ -156,4 +156,4 @@ class ONE_POOL_AVAILABLE(Mutant, slug="one-pool-available", allocator=OnePoolCap
     clause, invariant_class = "ALLOC-2", CRASH
     crash_message = "OutOfMemory"
     exposed_by = Run(page_size=4)
-    reverts = "SGLang's new_pages_available asks both sub-allocators (section 2.3 of the SGLang digest)"
+    reverts = "SGLang's new_pages_available asks both sub-allocators (docs/engines/sglang.md §2.3)"

@@ -26,7 +26,7 @@ class LEAK_ON_RELEASE(Mutant, slug="leak-on-release", engine=LeakOnReleaseEngine
     clause, invariant_class = "I2", "leak"
     exposed_by = Run(page_size=4, window=7, interval=1)
     reverts = ("SGLang 0.5.23's release of the over-allocation, _release_overallocated_kv_indices "
-               "(mem_cache/common.py:447-476; section 3.6 step 4 of the SGLang digest)")
+               "(mem_cache/common.py:447-476; docs/engines/sglang.md §3.6 step 4)")
 
 
 def release_segments_live_from_protected(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,
@@ -52,5 +52,5 @@ class RELEASE_DEAD_RANGE_AS_FULL(Mutant, slug="release-dead-range-as-full", engi
     clause, invariant_class = "ALLOC-6", CRASH
     crash_message = "InvalidFree"
     exposed_by = Run(page_size=4, window=7, interval=1)
-    reverts = ("section 3.6 of the SGLang digest: free_kv_row frees [cache_protected_len, cursor) full-only "
+    reverts = ("docs/engines/sglang.md §3.6: free_kv_row frees [cache_protected_len, cursor) full-only "
                "(free_full_segment) and only [cursor, owned) full + SWA")

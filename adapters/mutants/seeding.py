@@ -6,8 +6,6 @@ such as `eviction_frontier`), `with_names` copies the calling function with that
 name bound to a buggy helper: the rest of the code stays the reference's own.
 """
 
-import re
-from dataclasses import dataclass
 from types import FunctionType
 
 from kvspec.adapters.reference import (
@@ -18,8 +16,7 @@ from kvspec.adapters.reference import (
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
-from kvspec.spec.clauses import CLAUSE_ID
-from kvspec.spec.invariants import INVARIANTS
+from kvspec.conformance.families import CRASH, Run, check_declaration  # noqa: F401 - CRASH: for the mutant modules
 
 # -- how a bug is seeded --------------------------------------------------------------------
 
@@ -91,47 +88,6 @@ def engine_with_allocator(allocator_class: type[HybridAllocator]) -> type[Engine
 MUTANTS: dict[str, type["Mutant"]] = {}
 
 
-@dataclass(frozen=True)
-class Run:
-    """One conformance run, as `kvspec check` makes it: the allocator machine at a page
-    size, or the engine machine at a page size, window and decode eviction interval."""
-
-    page_size: int
-    window: int | None = None
-    interval: int | None = None
-
-    @property
-    def tier(self) -> str:
-        return "allocator" if self.window is None else "engine"
-
-    @property
-    def label(self) -> str:
-        if self.tier == "allocator":
-            return f"allocator P={self.page_size}"
-        return f"engine P={self.page_size} W={self.window} I={self.interval}"
-
-
-CRASH = "crash"
-"""The detection a mutant declares when no invariant can see its bug first: the step fails
-inside the implementation (a refusal the spec requires of the allocator, ALLOC-6, or an
-allocation the bug let through and the pool cannot serve), which the harness reports as
-a crash with a shrunk, replayable trace. `clause` then names the clause whose refusal
-fires, and `crash_message` the text the crash must show."""
-
-
-def check_declaration(mutant: type, slug: str) -> None:
-    """A mutant names a registered (clause, invariant class), or CRASH with the text its
-    crash shows, and says in a docstring what the bug is."""
-    registered = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
-    if mutant.invariant_class == CRASH:
-        assert re.fullmatch(CLAUSE_ID, mutant.clause) and mutant.crash_message, \
-            f"mutant {slug!r}: a crash names the clause whose refusal fires and its crash_message"
-    else:
-        assert (mutant.clause, mutant.invariant_class) in registered, \
-            f"mutant {slug!r}: ({mutant.clause!r}, {mutant.invariant_class!r}) is no registered invariant and class"
-    assert mutant.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
-
-
 class Mutant:
     """A seeded bug as an adapter (kvspec.conformance.protocol). A subclass passes its
     slug and the engine and/or allocator class that carries the bug, sets `clause`,
@@ -148,7 +104,7 @@ class Mutant:
     exposed_by: Run
     reverts: str = ""
     """The upstream SGLang change the bug undoes, where one is known (a bug class of
-    ../shared/design/sglang-0.5.23-semantics.md section 7, a flag, a commit)."""
+    docs/engines/sglang.md section 7, a flag, a commit)."""
     crash_message: str = ""
     """For invariant_class CRASH: the text the crash must show. For another class: the text
     of a crash that is the same bug's other manifestation (where a pool is short, say, the

@@ -70,4 +70,4 @@ class SWA_EVICT_IGNORES_LOCKS(Mutant, slug="swa-evict-ignores-locks",
 
     clause, invariant_class = "I14", "locks"
     exposed_by = Run(page_size=4, window=7, interval=1)
-    reverts = "TREE-5 / section 3.8 of the SGLang digest: SWA eviction skips nodes with swa_lock_ref > 0"
+    reverts = "TREE-5 / docs/engines/sglang.md §3.8: SWA eviction skips nodes with swa_lock_ref > 0"

@@ -21,8 +21,8 @@ frontier_rounded_up = with_names(eviction_frontier, floor_page=ceil_page)  # BUG
 class FRONTIER_INTO_WINDOW(Mutant, slug="frontier-into-window", engine=engine_with_frontier(frontier_rounded_up)):
     """Window eviction rounds the new cursor up to a page instead of down (WIN-3 step 4):
     whenever the threshold `pre_len - retention` is not on a page boundary the request
-    frees one page too many, and that page holds positions of its window. Bug class 9 of
-    the SGLang digest (evicting into the live window).
+    frees one page too many, and that page holds positions of its window. See
+    docs/engines/sglang.md, bug class 9 (evicting into the live window).
 
     A decode step shows it as I8 when `W + P - 2 > ceil_page(max(W, P))` (P = 4: W % 4 is
     0 or 3); a prefill checkpoint shows it as I8 and, for any P >= 3, as I10 (the new
@@ -32,7 +32,7 @@ class FRONTIER_INTO_WINDOW(Mutant, slug="frontier-into-window", engine=engine_wi
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=4, window=7, interval=1)
-    reverts = ("bug class 9 of the SGLang digest (section 7): the cursor floored to a page, "
+    reverts = ("docs/engines/sglang.md, bug class 9: the cursor floored to a page, "
                "`if P > 1: new = floorP(new)` in free_swa_out_of_window_slots (mem_cache/common.py:75-138)")
 
 
@@ -49,7 +49,7 @@ class DECODE_FRONTIER_ONE_TOKEN_LATE(Mutant, slug="decode-frontier-one-token-lat
 
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=1, window=3, interval=4)
-    reverts = ("bug class 9 of the SGLang digest (section 7): the decode eviction's pre_len = seqlen - 1 "
+    reverts = ("docs/engines/sglang.md, bug class 9: the decode eviction's pre_len = seqlen - 1 "
                "(_evict_swa(req, seqlen - 1), managers/schedule_batch.py:4047-4129)")
 
 
@@ -64,13 +64,13 @@ class MISSING_PAGE_MARGIN(Mutant, slug="missing-page-margin", engine=engine_with
     """Window eviction retains `W` tokens below `pre_len` instead of `ceil_page(max(W, P))`
     (WIN-2) while sharing prefixes: the threshold `pre_len - W` of SGLang's
     `SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN`, which 0.5.23 replaced by rounding the window up
-    to a page (bug class 2 of the SGLang digest). The window of the next token stays live
+    to a page (docs/engines/sglang.md, bug class 2). The window of the next token stays live
     (no I8), but when `1 <= W % P <= P - 2` the floored cursor leaves the leaf a checkpoint
     inserts fewer than `W` live SWA tokens: no later request can match the prefix."""
 
     clause, invariant_class = "I10", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
-    reverts = ("bug class 2 of the SGLang digest (section 7): SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, "
+    reverts = ("docs/engines/sglang.md, bug class 2: SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, "
                "whose threshold pre_len - W 0.5.23 replaced by pre_len - ceil_align(max(W, P), P)")
 
 
@@ -86,8 +86,8 @@ class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=engine_with_decod
     `pre_len - retention`, not floored to a page (WIN-3 step 4; SGLang's
     `if P > 1: new = floorP(new)` left out): the cursor splits a page between the dead
     and the live range, and the page-granular segment free releases the whole SWA page,
-    live positions above the cursor included (I5 reports those alongside). Bug class 5
-    of the SGLang digest.
+    live positions above the cursor included (I5 reports those alongside). See
+    docs/engines/sglang.md, bug class 5.
 
     Seeded in the decode path only. The same line left out of the shared frontier also
     misaligns each prefill checkpoint, where the reference tree's own assertion ("rebuilt
@@ -96,7 +96,7 @@ class UNALIGNED_CURSOR(Mutant, slug="unaligned-cursor", engine=engine_with_decod
 
     clause, invariant_class = "I6", "alignment"
     exposed_by = Run(page_size=2, window=5, interval=1)
-    reverts = ("bug class 5 of the SGLang digest (section 7): the cursor floored to a page "
+    reverts = ("docs/engines/sglang.md, bug class 5: the cursor floored to a page "
                "(mem_cache/common.py:127-128), asserted page aligned since (swa.py:437-439, common.py:183-186)")
 
 
@@ -123,7 +123,7 @@ class FRONTIER_MAX_WINDOW_PAGE(Mutant, slug="frontier-max-window-page",
 
     clause, invariant_class = "I10", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
-    reverts = ("bug class 2 of the SGLang digest (section 7): the intermediate threshold pre_len - max(W, P) "
+    reverts = ("docs/engines/sglang.md, bug class 2: the intermediate threshold pre_len - max(W, P) "
                "(section 4.1), closed by 0.5.23's pre_len - ceil_align(max(W, P), P)")
 
 
@@ -142,7 +142,7 @@ class NO_CHUNK_RELEASE(Mutant, slug="no-chunk-release", engine=engine_with_swa_c
 
     clause, invariant_class = "I9", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
-    reverts = ("bug class 1 of the SGLang digest (section 7): SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, "
+    reverts = ("docs/engines/sglang.md, bug class 1: SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, "
                "the out-of-window release inside checkpoint (unified_radix_cache.py:1211-1221)")
 
 
@@ -184,5 +184,5 @@ class PD_CURSOR_UNSET(Mutant, slug="pd-cursor-unset", engine=PdCursorUnsetEngine
 
     clause, invariant_class = "I5", "mapping"
     exposed_by = Run(page_size=4, window=6, interval=4)
-    reverts = ("bug class 3 of the SGLang digest (section 7): req.kv.set_evicted_seqlen(SWA, fill - tail) after "
+    reverts = ("docs/engines/sglang.md, bug class 3: req.kv.set_evicted_seqlen(SWA, fill - tail) after "
                "alloc_extend_swa_tail (disaggregation/decode.py:2435-2511)")

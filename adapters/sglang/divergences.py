@@ -90,7 +90,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "further) gets swa_branching_seqlen; its checkpoint then inserts [0, branch) only, recovers the tombstone "
         "from its own slots, and raises its cursor to the new cache_protected_len. The spec (LIFE-4) inserts "
         "[0, floor_page(up_to)). SGLang's state is sound (the recovered node is live and matchable, and kvspec's "
-        "I9/I10 read the insert's cursor from the tree in this case, see spec.invariants.insert_cursor), but "
+        "I9/I10 read the insert's cursor from the tree in this case, see spec.invariants.window.insert_cursor), but "
         "cache_protected_len after the chunk differs: 4 instead of 8 here. The spec does not model "
         "swa_branching_seqlen yet.",
         "mem_cache/unified_cache/components/swa.py:379-421 (swa_branching_seqlen at match), 999-1069 "

@@ -28,7 +28,7 @@ from array import array
 
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView, held_full_slots
+from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, held_full_slots
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
 from .allocator import allocator_state, build_allocator
@@ -248,13 +248,13 @@ class SglangEngine:
                            allocated, committed, req.seqlen, req.decode_batch_idx, rid in self.finished_prefill,
                            None if req.lock is None else int(req.lock.node))
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> TwoPoolSnapshot:
         nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
-        return EngineSnapshot(self.config, allocator_state(self.allocator),
+        return TwoPoolSnapshot(self.config, allocator_state(self.allocator),
                               tuple(self.request_view(rid, req) for rid, req in self.requests.items()), nodes, ledgers)
 
-    def partial_snapshot(self) -> EngineSnapshot:
+    def partial_snapshot(self) -> TwoPoolSnapshot:
         """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
         nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
         requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
-        return EngineSnapshot(self.config, allocator_state(self.allocator, held_full_slots(requests, nodes)), requests, nodes, ledgers)
+        return TwoPoolSnapshot(self.config, allocator_state(self.allocator, held_full_slots(requests, nodes)), requests, nodes, ledgers)

@@ -34,7 +34,7 @@ catch; where SGLang's own assertions fire first, the mutant's docstring says so.
 import functools
 
 from kvspec.adapters import patching
-from kvspec.adapters.mutants.seeding import CRASH, Run, check_declaration
+from kvspec.conformance.families import CRASH, RUNS, Run, check_declaration
 from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machinery's names, importable from here
     FUTURE_FLAGS,
     ORIGINAL_CODE,
@@ -43,7 +43,6 @@ from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machiner
     active,
     patched_code,
 )
-from kvspec.conformance.runs import ENGINE_CONFIGS, PAGE_SIZES
 
 from . import SGLANG_PYTHON
 from .runtime import sglang
@@ -64,8 +63,6 @@ class Patch(patching.Patch):
 # -- mutants as adapters ----------------------------------------------------------------------
 
 MUTANTS: dict[str, type["SglangMutant"]] = {}
-RUNS_OF_A_CHECK = {Run(page_size).label for page_size in PAGE_SIZES} | \
-    {Run(*config).label for config in ENGINE_CONFIGS}
 
 
 class SglangMutant:
@@ -87,7 +84,7 @@ class SglangMutant:
     exposed_by: Run
     reverts: str
     """The upstream SGLang fix or flag the patch undoes (bug classes of
-    ../shared/design/sglang-0.5.23-semantics.md section 7)."""
+    docs/engines/sglang.md section 7)."""
     crash_message: str = ""
     """As kvspec.adapters.mutants.seeding.Mutant.crash_message: for CRASH, the text the crash
     shows, where an assertion of SGLang's own stops every counterexample first."""
@@ -95,7 +92,7 @@ class SglangMutant:
     def __init_subclass__(cls, slug: str, base=SGLANG_PYTHON, **kwargs):
         super().__init_subclass__(**kwargs)
         check_declaration(cls, slug)
-        assert cls.exposed_by.label in RUNS_OF_A_CHECK, \
+        assert cls.exposed_by in RUNS, \
             f"sglang mutant {slug!r}: {cls.exposed_by.label!r} is not a run kvspec check makes"
         assert cls.reverts, f"sglang mutant {slug!r}: say which SGLang fix or flag it reverts"
         cls.name = f"sglang-mutant-{slug}"
@@ -147,7 +144,7 @@ class FRONTIER_MAX_WINDOW_PAGE(SglangMutant, slug="frontier-max-window-page"):
     clause, invariant_class = "I10", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
     reverts = ("the rounding of max(W, P) up to a page: the public-fork threshold pre_len - max(W, P) that "
-               "preceded 0.5.23's ceil_align(max(W, P), P) (digest section 4.1)")
+               "preceded 0.5.23's ceil_align(max(W, P), P) (docs/engines/sglang.md §4.1)")
 
 
 class FRONTIER_INTO_WINDOW(SglangMutant, slug="frontier-into-window"):
@@ -328,7 +325,8 @@ class FULL_FREED_BEFORE_SWA(SglangMutant, slug="full-freed-before-swa"):
                   "        swa_indices = self.full_to_swa_index_mapping[mapping_indices]\n")
     clause, invariant_class = "I3", "leak"
     exposed_by = Run(page_size=4)
-    reverts = "SWA first: free_swa reads the peers from the mapping before it clears it (bug class 6, digest 2.3)"
+    reverts = ("SWA first: free_swa reads the peers from the mapping before it clears it "
+               "(docs/engines/sglang.md, bug class 6 and §2.3)")
 
 
 class ONE_POOL_AVAILABLE(SglangMutant, slug="one-pool-available"):
@@ -383,7 +381,7 @@ class MATCH_SHORT_WINDOW(SglangMutant, slug="match-short-window"):
                   "")
     clause, invariant_class = "I8", "window-liveness"
     exposed_by = Run(page_size=1, window=3, interval=4)
-    reverts = "the SWA match validator: at least W live SWA tokens after a tombstone (digest section 3.3)"
+    reverts = "the SWA match validator: at least W live SWA tokens after a tombstone (docs/engines/sglang.md §3.3)"
 
 
 # -- bugs of the zoo with no SGLang patch here ---------------------------------------------------

@@ -22,6 +22,7 @@ class VLLM:
 
     name = "vllm"
     policy_version = "vllm-0.33"
+    memory_model = "block-pool"
     capabilities = CAPABILITIES
     observables = ("rows", "block_pool")
     preload = "kvspec.adapters.vllm.preload"

@@ -34,10 +34,10 @@ from collections import Counter
 from functools import lru_cache
 
 from kvspec.spec.accounting import AllocatorState, PoolState
-from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolView, RequestBlocks
+from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, RequestBlocks
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for
-from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
+from kvspec.spec.snapshot import EngineConfig, RequestView
 from kvspec.spec.window import VLLM_0_33, validate_window_config
 
 from .runtime import vllm
@@ -266,10 +266,7 @@ class VllmEngine:
                            decode_steps=self.decode_steps[rid], finished_prefill=rid in self.finished_prefill,
                            last_node=None)
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> BlockPoolSnapshot:
         view = self.block_pool()
-        free = tuple(view.free_queue)
-        pool = PoolState("blocks", self.bs, self.num_blocks - 1, free)
-        allocator = AllocatorState(self.bs, (self.num_blocks - 1) * self.bs, pool, PoolState("swa", self.bs, 0, ()), ())
         requests = tuple(self.request_view(rid, req, view) for rid, req in sorted(self.requests.items()))
-        return EngineSnapshot(self.config, allocator, requests, (), None, view)
+        return BlockPoolSnapshot(self.config, requests, view)

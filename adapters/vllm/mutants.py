@@ -28,9 +28,8 @@ every bug first, an InvariantViolation naming its clause rather than a crash
 import functools
 
 from kvspec.adapters import patching
-from kvspec.adapters.mutants.seeding import Run, check_declaration
+from kvspec.conformance.families import RUNS, Run, check_declaration
 from kvspec.adapters.patching import Patched
-from kvspec.conformance.runs import ENGINE_CONFIGS
 
 from . import VLLM
 from .runtime import vllm
@@ -51,7 +50,7 @@ class Patch(patching.Patch):
 # -- mutants as adapters ----------------------------------------------------------------------
 
 MUTANTS: dict[str, type["VllmMutant"]] = {}
-ENGINE_RUNS = {Run(*config).label for config in ENGINE_CONFIGS}
+ENGINE_RUNS = {run.label for run in RUNS if run.tier == "engine"}
 
 
 class VllmMutant:
@@ -62,6 +61,7 @@ class VllmMutant:
 
     name: str
     policy_version = VLLM.policy_version
+    memory_model = VLLM.memory_model
     capabilities = VLLM.capabilities
     observables = VLLM.observables
     preload = VLLM.preload
@@ -81,7 +81,7 @@ class VllmMutant:
             f"vllm mutant {slug!r}: {cls.exposed_by.label!r} is not an engine run kvspec check makes"
         cls.name = f"vllm-mutant-{slug}"
         cls.base = base
-        cls.policy_version, cls.capabilities = base.policy_version, base.capabilities
+        cls.policy_version, cls.capabilities, cls.memory_model = base.policy_version, base.capabilities, base.memory_model
         cls.observables, cls.preload = base.observables, base.preload
         cls.make_engine = staticmethod(functools.partial(Patched, (cls.patch,), base.make_engine))
         MUTANTS[slug] = cls
@@ -197,8 +197,8 @@ class TABLE_ONE_BLOCK_SHORT(VllmMutant, slug="table-one-block-short"):
     the block for the last, partly filled block's worth of its tokens is not allocated,
     so those tokens' KV has no slot (the kernel would write past the table).
 
-    Bug class: a page-count mismatch, floor where a ceiling is due (SGLang digest bug
-    class 7; every `cdiv` of vLLM's block math). Caught at the first allocation whose
+    Bug class: a page-count mismatch, floor where a ceiling is due (docs/engines/sglang.md,
+    bug class 7; every `cdiv` of vLLM's block math). Caught at the first allocation whose
     slot count is not a multiple of the block size (BLOCK-4: a table one entry short of
     `cdiv(N, block_size)`; I7 sees the row short of kv_allocated_len too). Invisible at
     block size 1: engine P=1 W=3 I=4 passes."""

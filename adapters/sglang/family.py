@@ -1,0 +1,7 @@
+"""SGLang's bug zoo, registered as a family (pyproject.toml): `sglang-mutant-<slug>`."""
+
+from kvspec.conformance.families import Family
+
+FAMILY = Family(prefix="sglang-mutant-", implementation="sglang", members_at="kvspec.adapters.sglang.mutants:MUTANTS",
+                requires="sglang", install="pip install --no-deps -r adapters/sglang/requirements.txt",
+                left_out_at="kvspec.adapters.sglang.mutants:NOT_PATCHED")

@@ -1,0 +1,166 @@
+"""What packages register with kvspec, read from entry points: the harness never imports an adapter.
+
+Three entry-point groups (kvspec's own pyproject.toml registers its built-ins in them;
+any installed package can add to them):
+
+  kvspec.adapters          name -> an adapter object (`--adapter NAME`)
+  kvspec.adapter_families  name -> a `Family`: adapters named `<prefix><slug>`, such as
+                           the bug zoo's `mutant-<slug>` (`--adapter`, `kvspec zoo`, clause coverage)
+  kvspec.divergences       name -> a list of known divergences of a real implementation
+                           from the spec (clause coverage; each has `id`, `title`,
+                           `clauses` and `adapters`)
+
+A family's members are seeded bugs: each declares the `Run` of a check that exposes it
+and how it must be caught (an invariant class, or `CRASH`).
+"""
+
+import importlib
+import importlib.util
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from kvspec.spec.clauses import CLAUSE_ID
+from kvspec.spec.invariants import INVARIANTS
+
+ADAPTERS, FAMILIES, DIVERGENCES = "kvspec.adapters", "kvspec.adapter_families", "kvspec.divergences"
+
+CRASH = "crash"
+"""The detection a mutant declares when no invariant can see its bug first: the step fails
+inside the implementation (a refusal the spec requires of the allocator, ALLOC-6, or an
+allocation the bug let through and the pool cannot serve), which the harness reports as
+a crash with a shrunk, replayable trace. The mutant's `clause` then names the clause
+whose refusal fires, and its `crash_message` the text the crash must show."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One conformance run, as `kvspec check` makes it: the allocator machine at a page
+    size, or the engine machine at a page size, window and decode eviction interval."""
+
+    page_size: int
+    window: int | None = None
+    interval: int | None = None
+
+    @property
+    def tier(self) -> str:
+        return "allocator" if self.window is None else "engine"
+
+    @property
+    def label(self) -> str:
+        if self.tier == "allocator":
+            return f"allocator P={self.page_size}"
+        return f"engine P={self.page_size} W={self.window} I={self.interval}"
+
+
+PAGE_SIZES = (1, 2, 4, 16)
+"""The allocator tier's runs, one per page size."""
+ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
+    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 1), (4, 8, 128), (16, 5, 4))
+"""The engine tier's runs. The default interval 128 never fires in pools this small (a
+request cannot outgrow its cursor by 128 tokens): (4, 8, 128) checks that nothing is
+evicted before it is due, and (4, 8, 1) is the page-multiple window with decode
+eviction firing."""
+RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS))
+"""Every run a check makes (for the tiers and page sizes an adapter has)."""
+
+
+def check_declaration(mutant: type, slug: str) -> None:
+    """A mutant names a registered (clause, invariant class), or CRASH with the text its
+    crash shows, and says in a docstring what the bug is."""
+    registered_pairs = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
+    if mutant.invariant_class == CRASH:
+        assert re.fullmatch(CLAUSE_ID, mutant.clause) and mutant.crash_message, \
+            f"mutant {slug!r}: a crash names the clause whose refusal fires and its crash_message"
+    else:
+        assert (mutant.clause, mutant.invariant_class) in registered_pairs, \
+            f"mutant {slug!r}: ({mutant.clause!r}, {mutant.invariant_class!r}) is no registered invariant and class"
+    assert mutant.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
+
+
+@dataclass(frozen=True)
+class Family:
+    """Adapters registered together under one name prefix: a member is `<prefix><slug>`."""
+
+    prefix: str
+    """e.g. "mutant-"."""
+    implementation: str
+    """What the members are built on ("reference", "sglang", ...): `kvspec zoo --implementation`."""
+    members_at: str
+    """`module:attribute` of the dict slug -> adapter; imported only when a member is needed."""
+    requires: str = ""
+    """The top-level module the members drive, where it must be installed (e.g. "sglang")."""
+    install: str = ""
+    """How to install it."""
+    left_out_at: str = ""
+    """`module:attribute` of a dict slug -> why the family has no such member, where a
+    sibling family has one (in an error message)."""
+
+    def installed(self) -> bool:
+        return not self.requires or importlib.util.find_spec(self.requires) is not None
+
+    def members(self) -> dict[str, Any]:
+        return load(self.members_at)
+
+    def left_out(self) -> dict[str, str]:
+        return load(self.left_out_at) if self.left_out_at else {}
+
+
+def load(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def registered(group: str) -> list[EntryPoint]:
+    return sorted(entry_points(group=group), key=lambda ep: ep.name)
+
+
+@cache
+def families() -> tuple[Family, ...]:
+    """Every registered family, longest prefix first (`sglang-mutant-` before `mutant-`)."""
+    found = []
+    for ep in registered(FAMILIES):
+        family = ep.load()
+        assert isinstance(family, Family), f"entry point {ep.name} of {FAMILIES} must name a Family, not {family!r}"
+        found.append(family)
+    return tuple(sorted(found, key=lambda family: -len(family.prefix)))
+
+
+def family_of(name: str) -> Family | None:
+    return next((family for family in families() if name.startswith(family.prefix)), None)
+
+
+class UnknownMember(LookupError):
+    """A name with a family's prefix but no such member."""
+
+
+def adapter(name: str) -> Any | None:
+    """The adapter registered as `name`, or the family member it names; None if neither."""
+    found = [ep for ep in registered(ADAPTERS) if ep.name == name]
+    if found:
+        return found[0].load()
+    family = family_of(name)
+    if family is None:
+        return None
+    slug = name.removeprefix(family.prefix)
+    members = family.members()
+    if slug not in members:
+        why = f" ({slug}: {family.left_out()[slug]})" if slug in family.left_out() else ""
+        raise UnknownMember(f"unknown {family.implementation} mutant {name!r}{why}; the family has "
+                            + ", ".join(f"{family.prefix}{member}" for member in members))
+    return members[slug]
+
+
+def known_adapters() -> str:
+    """The registered names and families, for an error message."""
+    return ", ".join([ep.name for ep in registered(ADAPTERS)] + [f"{family.prefix}<slug>" for family in families()])
+
+
+def divergences() -> list[tuple[str, Any, list]]:
+    """(name, module, known divergences) of every registered list."""
+    found = []
+    for ep in registered(DIVERGENCES):
+        found.append((ep.name, importlib.import_module(ep.module), ep.load()))
+    return found

@@ -1,0 +1,41 @@
+"""The invariants of chapter 07 and chapter 08, registered by `@invariant` (kvspec.spec.registry).
+
+Importing this package imports every module that registers one, in chapter order:
+
+  allocator.py   [I1-I6]   the allocator tier: an allocator and what its caller holds
+  accounting.py  [I1-I6, I16]  the same accounting over a two-pool engine's holders
+  cursors.py     [I7]      every request's cursors (any memory model)
+  window.py      [I8-I10]  window liveness and bounds
+  tree.py        [I11-I14] locks, ledgers, tree structure, eviction
+  atomicity.py   [I15]     a failed step changes nothing (any memory model)
+  ../block_pool.py [BLOCK-1..8] one shared block pool (chapter 08)
+
+`INVARIANTS` is the registry, complete; `applicable(snapshot_type)` the invariants that
+read such snapshots; `engine_violations` checks one step of any engine against every
+invariant of its model.
+"""
+
+from .. import block_pool  # noqa: F401 - registers BLOCK-1..8
+from ..notation import Violation
+from ..registry import REGISTERED, Invariant, violations
+from ..snapshot import EngineSnapshot, Step
+from . import accounting, allocator, atomicity, cursors, tree, window  # noqa: F401 - each registers its invariants
+
+
+
+def chapter_order(check: Invariant) -> tuple[bool, int]:
+    """I1 .. I16, then BLOCK-1 .. BLOCK-8 (ties keep the order of registration)."""
+    return check.clause.startswith("BLOCK"), int(check.clause.rsplit("-", 1)[-1].lstrip("I"))
+
+
+INVARIANTS: tuple[Invariant, ...] = tuple(sorted(REGISTERED, key=chapter_order))
+
+
+def applicable(snapshot_type: type) -> tuple[Invariant, ...]:
+    """The registered invariants that read snapshots of this type."""
+    return tuple(check for check in INVARIANTS if check.applies_to(snapshot_type))
+
+
+def engine_violations(previous: EngineSnapshot | None, step: Step | None, now: EngineSnapshot) -> list[Violation]:
+    """Every invariant of `now`'s model, and of the step from `previous` when there is one."""
+    return violations(applicable(type(now)), now, previous, step)

@@ -1,0 +1,73 @@
+"""[I1-I6] The allocator tier: the allocator invariants (spec/accounting.py) over an
+allocator and what its caller holds.
+
+At the allocator tier there are no requests or tree: the caller (the conformance
+harness, or a test) holds sequences of slots, and the allocator's state must account for
+exactly those.
+"""
+
+from dataclasses import dataclass
+
+from ..accounting import (
+    AllocatorState,
+    HeldSequence,
+    alignment_violations,
+    conservation_violations,
+    free_list_violations,
+    held_full_pages,
+    held_swa_pages,
+    mapping_violations,
+    ownership_violations,
+)
+from ..notation import Violation
+from ..registry import invariant
+
+
+@dataclass(frozen=True)
+class AllocatorView:
+    """What the allocator tier checks after each step: the allocator's state and the
+    sequences its caller holds."""
+
+    state: AllocatorState
+    held: tuple[HeldSequence, ...]
+
+
+@invariant("I1", "leak", reads={"free_sets"})
+def allocator_free_list_violations(now: AllocatorView) -> list[Violation]:
+    """[I1] Both free lists: no duplicate, no padding page, only pages of the pool."""
+    return [*free_list_violations(now.state.full), *free_list_violations(now.state.swa)]
+
+
+@invariant("I2", "leak", reads={"free_sets"})
+def allocator_full_conservation_violations(now: AllocatorView) -> list[Violation]:
+    """[I2] free + pending + held full pages == all full pages."""
+    return conservation_violations(now.state.full, held_full_pages(now.held, now.state.page_size), "I2")
+
+
+@invariant("I3", "leak", reads={"free_sets", "mapping"})
+def allocator_swa_conservation_violations(now: AllocatorView) -> list[Violation]:
+    """[I3] free + pending + held SWA pages == all SWA pages."""
+    state = now.state
+    return conservation_violations(state.swa, held_swa_pages(now.held, state.mapping, state.page_size), "I3")
+
+
+@invariant("I4", "ownership", reads={"free_sets", "mapping"})
+def allocator_ownership_violations(now: AllocatorView) -> list[Violation]:
+    """[I4] Each held page, full or SWA, has one holder and is not free."""
+    state = now.state
+    return [*ownership_violations(state.full, held_full_pages(now.held, state.page_size)),
+            *ownership_violations(state.swa, held_swa_pages(now.held, state.mapping, state.page_size))]
+
+
+@invariant("I5", "mapping", reads={"mapping"})
+def allocator_mapping_violations(now: AllocatorView) -> list[Violation]:
+    """[I5] Live-SWA positions map to allocated SWA slots, injectively and page-in-step;
+    every other full slot maps to 0."""
+    state = now.state
+    return mapping_violations(state.mapping, state.size_full, state.page_size, now.held, state.swa)
+
+
+@invariant("I6", "alignment")
+def allocator_alignment_violations(now: AllocatorView) -> list[Violation]:
+    """[I6] Held slots sit at their positions' in-page offsets."""
+    return alignment_violations(now.held, now.state.page_size)

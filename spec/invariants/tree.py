@@ -1,0 +1,141 @@
+"""[I11-I14] The prefix tree: locks, ledgers, structure, and eviction of locked KV."""
+
+from collections import Counter
+
+from ..notation import Violation
+from ..registry import invariant
+from ..snapshot import Step, TwoPoolSnapshot
+from .holders import mapping_at, node_index, non_root_nodes, path_to, slot_pairs
+
+EVICTING_OPERATIONS = ("evict", "prefill_chunk", "decode", "admit", "pd_admit")
+"""Steps that may evict tree data and release no lock before they do (I14)."""
+
+
+@invariant("I11", "locks", reads={"rows", "tree"})
+def lock_violations(now: TwoPoolSnapshot) -> list[Violation]:
+    """[I11, TREE-4] Lock refs are >= 0; the root has both >= 1; full >= SWA on every
+    other node, whose full lock ref is the number of requests whose last_node is it or
+    below it; the nodes from each last_node up until min(W, depth) tokens are covered
+    have SWA lock >= 1; with no request every non-root lock ref is 0. A request's
+    last_node exists and ends at cpl, and row[0:cpl] is the full slots of its path (cpl
+    is 0 without a last_node)."""
+    found, nodes, window = [], node_index(now), now.config.window
+    paths = {r.rid: path_to(nodes, r.last_node) for r in now.requests}
+    path_locks = Counter(node.node_id for path in paths.values() for node in path)
+    for node in now.nodes:
+        locks = f"full lock ref {node.full_lock_ref}, SWA lock ref {node.swa_lock_ref}"
+        if node.full_lock_ref < 0 or node.swa_lock_ref < 0:
+            found.append(Violation("I11", f"node {node.node_id}: negative lock ref ({locks})"))
+        if node.parent is None:
+            if node.full_lock_ref < 1 or node.swa_lock_ref < 1:
+                found.append(Violation("I11", f"root {node.node_id} is not locked ({locks})"))
+            continue
+        if node.full_lock_ref < node.swa_lock_ref:
+            found.append(Violation("I11", f"node {node.node_id}: full lock ref below the SWA lock ref ({locks})"))
+        if node.full_lock_ref != path_locks[node.node_id]:
+            found.append(Violation("I11", f"node {node.node_id}: {locks}, but {path_locks[node.node_id]} requests lock a path through it"))
+        if not now.requests and node.swa_lock_ref != 0:
+            found.append(Violation("I11", f"node {node.node_id}: {locks} with no request running"))
+    for r in now.requests:
+        if r.last_node is None or r.last_node not in nodes:
+            if r.last_node is not None or r.cache_protected_len != 0:
+                found.append(Violation("I11", f"request {r.rid}: last node {r.last_node} is not in the tree (cpl {r.cache_protected_len})"))
+            continue
+        depth = nodes[r.last_node].end
+        if depth != r.cache_protected_len:
+            found.append(Violation("I11", f"request {r.rid}: last node {r.last_node} ends at {depth}, but cpl is {r.cache_protected_len}"))
+        covered = 0
+        for node in reversed(paths[r.rid]):
+            if covered >= min(window, depth):
+                break
+            if node.swa_lock_ref < 1:
+                found.append(Violation("I11", f"request {r.rid}: node {node.node_id} is in its SWA lock segment (the {min(window, depth)} "
+                                              f"tokens above its end), yet has SWA lock ref {node.swa_lock_ref}"))
+            covered += len(node.key)
+        prefix = [slot for node in paths[r.rid] for slot in node.full_value]
+        for position in range(min(len(prefix), r.cache_protected_len)):
+            row_slot = r.row[position] if position < len(r.row) else None
+            if row_slot != prefix[position]:
+                found.append(Violation("I11", f"request {r.rid}: row[{position}] is {row_slot}, but its path holds full slot {prefix[position]}"))
+                break
+    return found
+
+
+@invariant("I12", "locks", reads={"tree"})
+def ledger_violations(now: TwoPoolSnapshot) -> list[Violation]:
+    """[I12] The tree's ledgers equal the sums over non-root nodes: full tokens split by
+    full_lock_ref == 0 / > 0, SWA tokens of non-tombstone nodes split by swa_lock_ref."""
+    if now.ledgers is None:
+        return []
+    counted = Counter()
+    for node in non_root_nodes(now):
+        counted["full_protected" if node.full_lock_ref > 0 else "full_evictable"] += len(node.full_value)
+        if node.swa_value is not None:
+            counted["swa_protected" if node.swa_lock_ref > 0 else "swa_evictable"] += len(node.swa_value)
+    found = []
+    for name in ("full_evictable", "full_protected", "swa_evictable", "swa_protected"):
+        if getattr(now.ledgers, name) != counted[name]:
+            found.append(Violation("I12", f"ledger {name} is {getattr(now.ledgers, name)}, but the nodes hold {counted[name]} such tokens"))
+    return found
+
+
+@invariant("I13", "mapping", reads={"mapping", "tree"})
+def tree_structure_violations(now: TwoPoolSnapshot) -> list[Violation]:
+    """[I13, TREE-1] Node ids are unique; one root, with an empty key at position 0;
+    every node reaches it through existing parents, and child.start == parent.end; a full
+    value has one slot per key token; an SWA value is None or equals mapping[full value];
+    siblings differ in their first page key[:P]."""
+    if not now.nodes:
+        return []
+    found, nodes, page_size = [], node_index(now), now.config.page_size
+    for node_id, count in Counter(node.node_id for node in now.nodes).items():
+        if count > 1:
+            found.append(Violation("I13", f"node id {node_id} is used by {count} nodes"))
+    roots = [node.node_id for node in now.nodes if node.parent is None]
+    if len(roots) != 1:
+        found.append(Violation("I13", f"the tree has {len(roots)} roots {roots}, not one"))
+    for root in (nodes[node_id] for node_id in roots):
+        if root.key or root.full_value or root.start != 0:
+            found.append(Violation("I13", f"root {root.node_id} must have an empty key and value at position 0"))
+    first_pages: dict[tuple, int] = {}
+    for node in non_root_nodes(now):
+        parent = nodes.get(node.parent)
+        if parent is None:
+            found.append(Violation("I13", f"node {node.node_id}: parent {node.parent} is not in the tree"))
+        elif node.start != parent.end:
+            found.append(Violation("I13", f"node {node.node_id} starts at {node.start}, its parent {parent.node_id} ends at {parent.end}"))
+        elif path_to(nodes, node.node_id)[0].parent not in roots:
+            found.append(Violation("I13", f"node {node.node_id} does not reach the root (a cycle or a missing ancestor)"))
+        for kind, value in (("full", node.full_value), ("SWA", node.swa_value)):
+            if value is not None and len(value) != len(node.key):
+                found.append(Violation("I13", f"node {node.node_id}: {len(value)} {kind} slots for {len(node.key)} key tokens"))
+        for (position, full_slot), swa_slot in zip(slot_pairs(node, node.full_value), node.swa_value or ()):
+            if mapping_at(now, full_slot) != swa_slot:
+                found.append(Violation("I13", f"node {node.node_id}: position {position} has SWA slot {swa_slot}, "
+                                              f"but mapping[{full_slot}] is {mapping_at(now, full_slot)}"))
+                break
+        sibling = first_pages.setdefault((node.parent, node.key[:page_size]), node.node_id)
+        if sibling != node.node_id:
+            found.append(Violation("I13", f"nodes {sibling} and {node.node_id} under {node.parent} start with the same page {node.key[:page_size]}"))
+    return found
+
+
+@invariant("I14", "locks", reads={"tree"})
+def eviction_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
+    """[I14, TREE-5] After an evict, prefill_chunk, decode, admit or pd_admit step, every
+    (position, full slot) of a node full-locked before is still one of some node, and
+    every (position, SWA slot) of a live node SWA-locked before is still one of a live
+    node: eviction never frees locked KV."""
+    if step is None or step.operation not in EVICTING_OPERATIONS:
+        return []
+    full_now = {pair for node in non_root_nodes(now) for pair in slot_pairs(node, node.full_value)}
+    swa_now = {pair for node in non_root_nodes(now) if node.swa_value is not None for pair in slot_pairs(node, node.swa_value)}
+    found = []
+    for node in non_root_nodes(previous):
+        for kind, lock_ref, value, survivors in (("full", node.full_lock_ref, node.full_value, full_now),
+                                                  ("SWA", node.swa_lock_ref, node.swa_value, swa_now)):
+            lost = [pair for pair in slot_pairs(node, value or ()) if pair not in survivors]
+            if lock_ref > 0 and lost:
+                found.append(Violation("I14", f"after {step.operation}: {kind}-locked node {node.node_id} lost {len(lost)} of its "
+                                              f"(position, {kind} slot) pairs, the first {lost[0]}"))
+    return found
