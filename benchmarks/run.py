@@ -119,7 +119,7 @@ def profile(engines, steps, seed, progress) -> list[dict]:
     """Where a checked step's time goes, per engine (page size 1): the engine's own
     operation, the snapshot, and each invariant check, as shares of the run under
     cProfile (which slows everything alike, so only the shares are reported)."""
-    from kvspec.conformance.checks import ENGINE_CHECKS
+    from kvspec.conformance.checks import Checks
 
     rows = []
     for engine in engines:
@@ -135,9 +135,8 @@ def profile(engines, steps, seed, progress) -> list[dict]:
         total, check = cumulative("workload.py", "run"), cumulative("engine_driver.py", "check")
         snapshot = cumulative("engine_driver.py", "snapshot")
         parts = {"engine operation": cumulative("engine_driver.py", "call") - check, "snapshot": snapshot}
-        for c in ENGINE_CHECKS:
-            if c.needs <= adapter.observables:
-                parts[c.clause] = parts.get(c.clause, 0) + cumulative(c.function.__code__.co_filename[-20:],
+        for c in Checks(adapter.model.snapshot_type, adapter.observables).run:
+            parts[c.clause] = parts.get(c.clause, 0) + cumulative(c.function.__code__.co_filename[-20:],
                                                                       c.function.__name__)
         parts["harness and workload"] = total - sum(parts.values())
         shares = {part: round(100 * seconds / total, 1) for part, seconds in parts.items()}

@@ -18,7 +18,8 @@ holds about the same at any pool size, so a run on a larger pool does the same w
 import random
 import time
 
-from kvspec.conformance.engine_driver import PARAMETERS, EngineDriver
+from kvspec.conformance.engine_driver import EngineDriver
+from kvspec.conformance.protocol import PARAMETERS
 from kvspec.conformance.protocol import Adapter
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.snapshot import EngineConfig
@@ -46,7 +47,7 @@ class Workload:
         self.config, self.window, self.cache_budget = config, config.window, cache_budget
         self.rng = random.Random(seed)
         self.engine = adapter.make_engine(config)
-        self.driver = EngineDriver(self.engine, adapter.observables) if check else None
+        self.driver = EngineDriver(self.engine, adapter.model, adapter.observables) if check else None
         self.stems = [[self.rng.randrange(ALPHABET) for _ in range(3 * self.window)] for _ in range(4)]
         self.prefilling: dict[str, list[int]] = {}  # rid -> [prompt length, tokens prefilled]
         self.decoding: dict[str, list[int]] = {}  # rid -> [tokens, decode steps]

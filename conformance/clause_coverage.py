@@ -173,9 +173,11 @@ def enforced(evaluated: set[str], clauses: dict[str, Clause]) -> dict[str, str]:
 def invariant_checks(clauses: dict[str, Clause], definitions: SpecIndex) -> Iterator[Citation]:
     """Every registered invariant (kvspec.spec.registry), at the clause it reports."""
     from kvspec.spec.invariants import INVARIANTS
+    from kvspec.spec.invariants.allocator import AllocatorView
     for check in INVARIANTS:
         how = enforced(evaluated_definitions(check.function, definitions), clauses) | {check.clause: "reports"}
-        yield Citation("check", f"{check.snapshot_type.__name__} {check.name}",
+        tier = "allocator" if check.snapshot_type is AllocatorView else "engine"
+        yield Citation("check", f"{tier} {check.name}",
                        where(inspect.getsourcefile(check.function), check.function.__qualname__), how)
 
 

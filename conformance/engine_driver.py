@@ -16,13 +16,8 @@ from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory, Outco
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
 from .checks import Checks, ImplementationCrash, InvariantViolation, Tally
+from .protocol import PARAMETERS
 from .trace import TraceStep
-
-PARAMETERS = {  # each operation's arguments, in the order the engine protocol takes them
-    "admit": ("rid", "prompt"), "pd_admit": ("rid", "prompt", "first_output"),
-    "prefill_chunk": ("rid", "chunk", "token"), "decode": ("rid", "token"), "finish": ("rid", "trim"),
-    "abort": ("rid",), "retract": ("rid",), "evict": ("full_tokens", "swa_tokens")}
-
 
 class EngineDriver:
     def __init__(self, engine, model: MemoryModel, observables: frozenset[str], log=lambda line: None):

@@ -72,7 +72,7 @@ class Engine(EngineOperations, Protocol):
 
 def operations(protocol: type) -> tuple[str, ...]:
     """The methods a protocol class requires, in the order it declares them."""
-    return tuple(name for klass in reversed(protocol.__mro__) if klass not in (object, Protocol)
+    return tuple(name for klass in protocol.__mro__ if klass not in (object, Protocol)
                  for name, member in vars(klass).items() if callable(member) and not name.startswith("_"))
 
 

@@ -40,7 +40,8 @@ class RecordingMachine(RuleBasedStateMachine):
     recorded: list[TraceStep] = []
     traffic = 0
     """Pages the current example's steps allocated or freed so far."""
-    free_pages: tuple[int, int] = (0, 0)
+    free_pages: dict[str, int] = {}
+    """The free counts the last step showed (free_full_pages, free_swa_pages; free_blocks)."""
     """The free (full, SWA) page counts after the current example's last step."""
     busiest: tuple[int, dict[str, Any], list[TraceStep]] = (0, {}, [])
     """The traffic, configuration and steps of the busiest example before the current one."""
@@ -63,7 +64,8 @@ class RecordingMachine(RuleBasedStateMachine):
         cls.examples += 1
         cls.keep_if_busiest()
         cls.config, cls.recorded, cls.traffic = config, [], 0
-        cls.free_pages = config["size_full"] // config["page_size"], config["size_swa"] // config["page_size"]
+        cls.free_pages = {"free_full_pages": config["size_full"] // config["page_size"],
+                          "free_swa_pages": config["size_swa"] // config["page_size"]}
         if cls.journal:
             cls.journal("example", config)
 
@@ -83,8 +85,8 @@ class RecordingMachine(RuleBasedStateMachine):
                 cls.first_failure_clauses = failure.clauses
             raise
         cls.steps += 1
-        free_pages = observed["free_full_pages"], observed["free_swa_pages"]
-        cls.traffic += abs(free_pages[0] - cls.free_pages[0]) + abs(free_pages[1] - cls.free_pages[1])
+        free_pages = {key: count for key, count in observed.items() if key.startswith("free_")}
+        cls.traffic += sum(abs(count - cls.free_pages.get(key, count)) for key, count in free_pages.items())
         cls.free_pages = free_pages
         return observed
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.spec.invariants import engine_violations
-from kvspec.spec.lifecycle import admission_match_limit, insert_end, pages_to_evict, release_segments
+from kvspec.spec.lifecycle import (
+    EngineOperation,
+    RunningRequest,
+    admission_match_limit,
+    insert_end,
+    pages_to_evict,
+    refusal,
+    release_segments,
+)
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, Step, held_full_slots
@@ -88,10 +96,12 @@ class Engine:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def request(self, rid: str) -> Request:
-        if rid not in self.requests:
-            raise InvalidRequest(f"unknown request {rid!r}: admit it first (running: {sorted(self.requests)})")
-        return self.requests[rid]
+    def refuse_misuse(self, operation: EngineOperation, **args) -> None:
+        """[LIFE-1] Raise InvalidRequest, before anything changes, for a call the lifecycle forbids."""
+        running = {rid: RunningRequest(r.finished_prefill, len(r.tokens), r.kv_committed_len - r.cache_protected_len)
+                   for rid, r in self.requests.items()}
+        if why := refusal(operation, args, running, self.waiting, self.config.size_full):
+            raise InvalidRequest(why)
 
     def make_room(self, full_pages: int, swa_pages: int) -> OutOfMemory | None:
         """[LIFE-7] Evict from the prefix cache until each pool has the pages an
@@ -117,13 +127,6 @@ class Engine:
         request.cache_protected_len = request.kv_allocated_len = request.kv_committed_len = length
 
     def take_row(self, rid: str, tokens: list[int]) -> Request | OutOfMemory:
-        if rid in self.requests:
-            raise InvalidRequest(f"request {rid!r} is already running; use a new request id")
-        if not tokens:
-            raise InvalidRequest(f"request {rid!r} has no tokens; a prompt needs at least one")
-        if len(tokens) + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r}: {len(tokens)} tokens cannot fit the full pool of "
-                                 f"{self.config.size_full} slots; shorten the prompt or grow the pool")
         if not self.free_rows:
             return OutOfMemory("requests", 1, 0)
         request = Request(rid, list(tokens), self, row_index=self.free_rows.pop())
@@ -147,11 +150,8 @@ class Engine:
     def admit(self, rid: str, prompt: list[int] | None = None) -> OutOfMemory | None:
         """[LIFE-3] Take a row, match the longest cached prefix (leaving at least one
         token to compute) and lock it. `prompt` None re-admits a retracted request."""
-        if prompt is None:
-            if rid not in self.waiting:
-                raise InvalidRequest(f"request {rid!r} was not retracted; pass its prompt to admit it")
-            prompt = self.waiting[rid]
-        request = self.take_row(rid, prompt)
+        self.refuse_misuse(EngineOperation.ADMIT, rid=rid, prompt=prompt)
+        request = self.take_row(rid, self.waiting[rid] if prompt is None else prompt)
         if isinstance(request, OutOfMemory):
             return request
         self.waiting.pop(rid, None)
@@ -162,9 +162,7 @@ class Engine:
         """[LIFE-6] PD-decode: the prompt's KV arrives from a prefill server; allocate it
         with full KV for every token and SWA KV for the tail only (page_size > 1), and
         set the cursor to the tail's start so the head is never freed as SWA."""
-        if not prompt:
-            raise InvalidRequest(f"PD-decode request {rid!r} has no prompt; its KV comes from a prefill of "
-                                 f"at least one token")
+        self.refuse_misuse(EngineOperation.PD_ADMIT, rid=rid, prompt=prompt)
         request = self.take_row(rid, list(prompt) + [first_output])
         if isinstance(request, OutOfMemory):
             return request
@@ -194,11 +192,8 @@ class Engine:
     def prefill_chunk(self, rid: str, chunk_len: int, next_token: int = 0) -> OutOfMemory | None:
         """[LIFE-4] Compute the next `chunk_len` prompt tokens (fewer at the end), then
         checkpoint them into the prefix cache. The last chunk samples `next_token`."""
-        request = self.request(rid)
-        if request.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} has finished its prefill; run decode steps")
-        if chunk_len < 1:
-            raise InvalidRequest(f"a prefill chunk needs chunk_len >= 1 (got {chunk_len})")
+        self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
+        request = self.requests[rid]
         start = request.kv_committed_len
         end = min(start + chunk_len, len(request.tokens))
         if self.tree is None:  # no prefix cache: the scheduler evicts before each extend
@@ -221,12 +216,9 @@ class Engine:
     def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:
         """[LIFE-8] Window eviction when due (never on the first decode step), then one
         slot for the last sampled token, whose KV the step writes; samples `next_token`."""
-        request = self.request(rid)
-        if not request.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} is still in prefill; finish its prefill chunks first")
+        self.refuse_misuse(EngineOperation.DECODE, rid=rid)
+        request = self.requests[rid]
         seq_len = len(request.tokens)
-        if len(request.tokens) + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r} would outgrow the full pool; finish it")
         if request.decode_steps >= 1 and decode_eviction_due(seq_len, request.swa_evicted_seqlen, self.window,
                                                              self.policy.decode_eviction_interval):
             self.allocator.free_group_begin()
@@ -284,31 +276,28 @@ class Engine:
     def finish(self, rid: str, trim: int = 0) -> None:
         """[LIFE-5] A finished request: its KV (less `trim` tokens after a stop, which are
         not kept) goes into the prefix cache, the rest is freed."""
-        request = self.request(rid)
-        if not request.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} cannot finish during prefill; abort it instead")
-        if not 0 <= trim <= request.kv_committed_len - request.cache_protected_len:
-            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its own tokens "
-                                 f"(0..{request.kv_committed_len - request.cache_protected_len})")
+        self.refuse_misuse(EngineOperation.FINISH, rid=rid, trim=trim)
+        request = self.requests[rid]
         self.release(request, checkpoint=True, owned=request.kv_committed_len - trim)
 
     def abort(self, rid: str) -> None:
         """[LIFE-5] Release without caching."""
-        request = self.request(rid)
+        self.refuse_misuse(EngineOperation.ABORT, rid=rid)
+        request = self.requests[rid]
         self.release(request, checkpoint=False, owned=request.kv_committed_len)
 
     def retract(self, rid: str) -> None:
         """[LIFE-5] Release without caching, and keep the request waiting to be admitted
         again with every token it has."""
-        request = self.request(rid)
+        self.refuse_misuse(EngineOperation.RETRACT, rid=rid)
+        request = self.requests[rid]
         tokens = request.tokens
         self.release(request, checkpoint=False, owned=request.kv_committed_len)
         self.waiting[rid] = tokens
 
     def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
         """[LIFE-7] Evict from the prefix cache; returns the tokens freed per pool."""
-        if full_tokens < 0 or swa_tokens < 0:
-            raise InvalidRequest(f"evict needs non-negative token counts (got {full_tokens}, {swa_tokens})")
+        self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         return (0, 0) if self.tree is None else self.tree.evict(full_tokens, swa_tokens)
 
     # -- observation ------------------------------------------------------------------

@@ -248,18 +248,3 @@ class AllocatorState:
     mapping: Sequence[SlotId]
     """A tuple, or a PartialMapping in a partial snapshot [OBS-4]."""
 
-
-def allocator_violations(state: AllocatorState, sequences: Sequence[HeldSequence]) -> list[Violation]:
-    """Every allocator invariant (I1-I6) of `state` while the caller holds `sequences`."""
-    full_held = held_full_pages(sequences, state.page_size)
-    swa_held = held_swa_pages(sequences, state.mapping, state.page_size)
-    return [
-        *free_list_violations(state.full),
-        *free_list_violations(state.swa),
-        *conservation_violations(state.full, full_held, "I2"),
-        *conservation_violations(state.swa, swa_held, "I3"),
-        *ownership_violations(state.full, full_held),
-        *ownership_violations(state.swa, swa_held),
-        *mapping_violations(state.mapping, state.size_full, state.page_size, sequences, state.swa),
-        *alignment_violations(sequences, state.page_size),
-    ]

@@ -3,7 +3,8 @@
 import pytest
 
 from kvspec.reference import HybridAllocator
-from kvspec.spec.accounting import HeldSequence, allocator_violations
+from kvspec.spec.accounting import HeldSequence
+from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.spec.outcomes import KvSpecError, OutOfMemory
 
 PAGE_SIZES = [1, 4]

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
+from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import (
     AllocatorState,
     HeldSequence,
     alignment_violations,
-    allocator_violations,
     conservation_violations,
     free_list_violations,
     held_full_pages,

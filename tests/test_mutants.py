@@ -9,7 +9,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import mutants
 from kvspec.adapters.mutants import MUTANTS, Run
-from kvspec.adapters.mutants.seeding import CRASH
+from kvspec.conformance.families import CRASH
 from kvspec.adapters.reference import ADAPTER
 from kvspec.conformance.allocator_machine import allocator_machine
 from kvspec.conformance.engine_machine import engine_machine

@@ -420,13 +420,14 @@ class SnapshotRaises(ReferenceEngineAdapter):
 
 
 class BLOCK_POOL_SNAPSHOT_RAISES:
-    name, policy_version, make_engine = "block-pool-snapshot-raises", "sglang-0.5.23", SnapshotRaises
-    capabilities, observables = ("page_size_gt_1", "chunked_prefill"), ("rows", "block_pool")
+    name, policy_version, memory_model = "block-pool-snapshot-raises", VLLM_0_33, "block-pool"
+    make_engine = SnapshotRaises
+    capabilities = ("page_size_gt_1", "chunked_prefill")
 
 
 def test_a_block_pool_engine_broken_before_its_first_step_gets_the_block_pool_panels(tmp_path):
     """[OBS-1] With no snapshot to read the pool's size from, the panels follow the
-    observables the adapter declares, sized by the configuration's pages together."""
+    memory model the adapter declares, sized by the configuration's pages together."""
     trace = load(EXAMPLE)
     broken = timeline(trace, validate(BLOCK_POOL_SNAPSHOT_RAISES, "block-pool-snapshot-raises"))
     assert broken.points == () and (broken.stop.step, broken.stop.kind) == (0, "crashed")
@@ -516,7 +517,7 @@ class LEAKS_ON_FINISH:
     later prefix hit in these traces takes it back) before vLLM frees the request: the
     block keeps a count of 1 and no table holds it."""
 
-    name, policy_version, observables = "leaks-on-finish", VLLM_0_33, ("rows", "block_pool")
+    name, policy_version, memory_model = "leaks-on-finish", VLLM_0_33, "block-pool"
     capabilities = ("page_size_gt_1", "prefix_sharing", "chunked_prefill")
 
     @staticmethod

@@ -5,11 +5,13 @@ pool_check_period checks. What each kind of snapshot sees, with seeded bugs."""
 import pytest
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.checks import TWO_POOL_OBSERVABLES, InvariantViolation
+from kvspec.conformance.checks import InvariantViolation
+from kvspec.spec.models import TWO_POOL
 from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.spec.accounting import PartialMapping
 from kvspec.spec.invariants import engine_violations
-from kvspec.spec.snapshot import POOL_CHECK_SLOTS, EngineConfig, fixed_observables, pool_check_period
+from kvspec.spec.models import fixed_observables
+from kvspec.spec.snapshot import POOL_CHECK_SLOTS, EngineConfig, pool_check_period
 from kvspec.spec.window import Policy
 
 LARGE = 16 * POOL_CHECK_SLOTS  # both pools: a whole snapshot every 32 checks
@@ -56,7 +58,7 @@ def test_a_leak_is_seen_on_a_partial_snapshot_by_its_count():
 
 
 def driven(engine) -> EngineDriver:
-    driver = EngineDriver(engine, frozenset(TWO_POOL_OBSERVABLES))
+    driver = EngineDriver(engine, TWO_POOL, frozenset(TWO_POOL.observables))
     assert driver.period == 32
     return driver
 
@@ -105,7 +107,7 @@ def test_an_engine_without_partial_snapshots_is_checked_whole_every_step():
             raise AttributeError(operation)
 
     engine = large_engine()
-    driver = EngineDriver(WholeOnly(engine), frozenset(TWO_POOL_OBSERVABLES))
+    driver = EngineDriver(WholeOnly(engine), TWO_POOL, frozenset(TWO_POOL.observables))
     assert driver.period == 1
     engine.engine.allocator.mapping[LARGE - 1] = 5
     assert decode_until_caught(driver, 3) == (2, ("I5",))

@@ -17,7 +17,8 @@ from kvspec.adapters.reference import ReferenceAllocatorAdapter
 from kvspec.conformance.allocator_machine import allocator_machine
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.reference.pool import PoolAllocator
-from kvspec.spec.accounting import HeldSequence, allocator_violations
+from kvspec.spec.accounting import HeldSequence
+from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.spec.allocator import swa_tail_split
 from kvspec.spec.notation import NO_SWA_PEER
 from kvspec.spec.outcomes import InvalidFree, OutOfMemory

@@ -73,8 +73,9 @@ def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unhel
     """[OBS-4] With large pools SGLang is checked on partial snapshots: free counts read
     off its free and release pages, the mapping at the held slots."""
     from kvspec.spec.accounting import PartialMapping
-    from kvspec.conformance.checks import Tally, engine_violations
-    from kvspec.spec.snapshot import POOL_CHECK_SLOTS, fixed_observables
+    from kvspec.conformance.checks import Checks, Tally
+    from kvspec.spec.models import fixed_observables
+    from kvspec.spec.snapshot import POOL_CHECK_SLOTS
 
     size = 16 * POOL_CHECK_SLOTS
     adapter = load_adapter(adapter)
@@ -96,4 +97,4 @@ def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unhel
     assert all(whole.allocator.mapping[slot] == peer for slot, peer in partial.allocator.mapping.entries.items())
     assert fixed_observables(partial, "ok") == fixed_observables(whole, "ok")
     for snapshot in (whole, partial):  # what the adapter shows (the Rust core: no tree)
-        assert engine_violations(None, None, snapshot, adapter.observables, Tally()) == []
+        assert Checks(adapter.model.snapshot_type, adapter.observables).violations(Tally(), snapshot) == []

@@ -21,7 +21,6 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.mutants import MUTANTS as REFERENCE_MUTANTS
 from kvspec.adapters.mutants import Run
-from kvspec.adapters.mutants.seeding import CRASH
 from kvspec.adapters.sglang.mutants import (
     COMMON,
     MISSING_PAGE_MARGIN,
@@ -33,7 +32,9 @@ from kvspec.adapters.sglang.mutants import (
     active,
 )
 from kvspec.conformance.allocator_machine import allocator_machine
-from kvspec.conformance.checks import TWO_POOL_OBSERVABLES, ImplementationCrash, InvariantViolation
+from kvspec.conformance.checks import ImplementationCrash, InvariantViolation
+from kvspec.conformance.families import CRASH
+from kvspec.spec.models import TWO_POOL
 from kvspec.conformance.engine_driver import EngineDriver
 from kvspec.conformance.engine_machine import engine_machine
 from kvspec.conformance.profiles import profile
@@ -175,8 +176,9 @@ def test_a_patch_stays_inside_its_mutant():
     steps = [TraceStep("admit", {"rid": "r", "prompt": list(range(11))}),
              TraceStep("prefill_chunk", {"rid": "r", "chunk": 10, "token": 0})]
     function = MISSING_PAGE_MARGIN.patch.target()
-    mutant = EngineDriver(load_adapter(MISSING_PAGE_MARGIN.name).make_engine(config), frozenset(TWO_POOL_OBSERVABLES))
-    unpatched = EngineDriver(load_adapter("sglang-python").make_engine(config), frozenset(TWO_POOL_OBSERVABLES))
+    mutant = EngineDriver(load_adapter(MISSING_PAGE_MARGIN.name).make_engine(config), TWO_POOL, frozenset(TWO_POOL.observables))
+    unpatched = EngineDriver(load_adapter("sglang-python").make_engine(config), TWO_POOL,
+                            frozenset(TWO_POOL.observables))
     mutant.apply(steps[0])
     unpatched.apply(steps[0])
     assert function.__code__ is ORIGINAL_CODE[function]

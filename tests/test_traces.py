@@ -33,7 +33,7 @@ def test_a_trace_survives_a_round_trip(trace, tmp_path):
 
 def test_the_schema_knows_every_operation_of_both_drivers():
     from kvspec.conformance.allocator_driver import AllocatorDriver
-    from kvspec.conformance.engine_driver import PARAMETERS
+    from kvspec.conformance.protocol import PARAMETERS
 
     assert all(callable(getattr(AllocatorDriver, op)) for op in OPERATIONS["allocator"])
     assert set(OPERATIONS["engine"]) == {*PARAMETERS, "drain"}

@@ -32,7 +32,7 @@ from kvspec.spec.window import SGLANG_0_5_23, VLLM_0_33, Policy
 def driver(adapter: str, page_size: int, window: int, size_full: int, size_swa: int) -> EngineDriver:
     loaded = load_adapter(adapter)
     config = EngineConfig(page_size, window, size_full, size_swa, 4, Policy(VLLM_0_33, 4))
-    return EngineDriver(loaded.make_engine(config), loaded.observables)
+    return EngineDriver(loaded.make_engine(config), loaded.model, loaded.observables)
 
 
 def swa_table(d: EngineDriver, rid: str) -> list:
@@ -46,10 +46,11 @@ def free_blocks(d: EngineDriver) -> int:
 
 
 @pytest.mark.parametrize("adapter", ["vllm", "vllm-dense"])
-def test_a_check_passes_and_reports_the_two_pool_checks_skipped(adapter, tmp_path):
+def test_a_check_passes_and_runs_only_the_block_pool_checks(adapter, tmp_path):
     """[BLOCK-1, BLOCK-5, BLOCK-6, OBS-1] One engine run at the quick profile, every step
-    checked: conformant, the block-pool clauses checked, the tree's and the two pools'
-    reported skipped with the observable the adapter lacks."""
+    checked: conformant, the block-pool clauses checked, and no check of the two-pool
+    model counted at all (the tree's locks, the pools' leak checks): it does not apply to
+    a shared block pool, so nothing is skipped either."""
     report = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", adapter,
                            "--profile", "quick", "--run", "engine P=4 W=7 I=1", "--seed", "0", "--json", str(report),
@@ -57,8 +58,8 @@ def test_a_check_passes_and_reports_the_two_pool_checks_skipped(adapter, tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     classes = json.loads(report.read_text())["classes"]
     assert classes["window-bound"]["checked"] > 0 and classes["window-bound"]["violated"] == 0
-    assert classes["locks"]["checked"] == 0 and "adapter lacks observable tree" in classes["locks"]["skipped_because"]
-    assert "adapter lacks observable free_sets" in classes["leak"]["skipped_because"]
+    assert "locks" not in classes, "no block-pool invariant is of the locks class: a two-pool check ran"
+    assert classes["leak"]["checked"] > 0 and all(counts["skipped"] == 0 for counts in classes.values())
 
 
 def test_the_view_is_vllms_own_state_the_scripted_trace():

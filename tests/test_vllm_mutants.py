@@ -50,7 +50,7 @@ SETTINGS = settings(profile("quick"), max_examples=200, database=None, phases=[P
 def machine_for(adapter, run: Run):
     policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
     machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, adapter.capabilities,
-                             adapter.observables)
+                             adapter.observables, model=adapter.model)
     machine.reset_counters()
     return seed(SEED)(machine)  # run_state_machine_as_test reads the seed on the class
 
@@ -141,8 +141,9 @@ def test_a_patch_stays_inside_its_mutant():
              TraceStep("prefill_chunk", {"rid": "r", "chunk": 3, "token": 0})]
     function = WINDOW_ONE_TOKEN_EARLY.patch.target()
     mutant_adapter, unpatched_adapter = load_adapter(WINDOW_ONE_TOKEN_EARLY.name), load_adapter("vllm")
-    mutant = EngineDriver(mutant_adapter.make_engine(config), mutant_adapter.observables)
-    unpatched = EngineDriver(unpatched_adapter.make_engine(config), unpatched_adapter.observables)
+    mutant = EngineDriver(mutant_adapter.make_engine(config), mutant_adapter.model, mutant_adapter.observables)
+    unpatched = EngineDriver(unpatched_adapter.make_engine(config), unpatched_adapter.model,
+                            unpatched_adapter.observables)
     for step in steps[:2]:
         mutant.apply(step)
         assert function.__code__ is ORIGINAL_CODE[function]

@@ -8,7 +8,6 @@ import subprocess
 import jsonschema
 import pytest
 
-from kvspec.spec.outcomes import Outcome
 from kvspec.adapters.mutants import MUTANTS, Run
 from kvspec.conformance.report import RunResult
 from kvspec.conformance.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict

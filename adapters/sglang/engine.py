@@ -26,6 +26,7 @@ import io
 import types
 from array import array
 
+from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend
 from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, held_full_slots
@@ -70,10 +71,15 @@ class SglangEngine:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def request(self, rid: str):
-        if rid not in self.requests:
-            raise InvalidRequest(f"unknown request {rid!r}: admit it first (running: {sorted(self.requests)})")
-        return self.requests[rid]
+    def refuse_misuse(self, operation: EngineOperation, **args) -> None:
+        """[LIFE-1] Raise InvalidRequest, before SGLang is called, for a call the lifecycle
+        forbids. A finish may trim only written output tokens the request owns."""
+        running = {rid: RunningRequest(rid in self.finished_prefill, req.seqlen,
+                                       min(req.kv.kv_committed_len - len(req.origin_input_ids),
+                                           req.kv.kv_committed_len - req.kv.cache_protected_len))
+                   for rid, req in self.requests.items()}
+        if why := refusal(operation, args, running, self.retracted, self.config.size_full):
+            raise InvalidRequest(why)
 
     def batch(self, req, mode: str):
         """A one-request ScheduleBatch with the fields SGLang's allocation paths read."""
@@ -115,23 +121,13 @@ class SglangEngine:
 
     def admit(self, rid: str, prompt: list[int] | None = None) -> OutOfMemory | None:
         s = self.s
-        if rid in self.requests:
-            raise InvalidRequest(f"request {rid!r} is already running; use a new request id")
+        self.refuse_misuse(EngineOperation.ADMIT, rid=rid, prompt=prompt)
         if prompt is None:
-            if rid not in self.retracted:
-                raise InvalidRequest(f"request {rid!r} was not retracted; pass its prompt to admit it")
             req = self.retracted[rid]
-            tokens = len(req.origin_input_ids) + len(req.output_ids)
         else:
-            if not prompt:
-                raise InvalidRequest(f"request {rid!r} has no tokens; a prompt needs at least one")
             sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
             sampling.normalize(None)
             req = s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
-            tokens = len(prompt)
-        if tokens + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r}: {tokens} tokens cannot fit the full pool of "
-                                 f"{self.config.size_full} slots; shorten the prompt or grow the pool")
         if len(self.requests) >= self.config.max_requests:  # the prefill adder's row budget
             return OutOfMemory("requests", 1, 0)
         self.retracted.pop(rid, None)
@@ -148,11 +144,8 @@ class SglangEngine:
 
     def prefill_chunk(self, rid: str, chunk_len: int, next_token: int = 0) -> OutOfMemory | None:
         s = self.s
-        req = self.request(rid)
-        if rid in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} has finished its prefill; run decode steps")
-        if chunk_len < 1:
-            raise InvalidRequest(f"a prefill chunk needs chunk_len >= 1 (got {chunk_len})")
+        self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
+        req = self.requests[rid]
         req.refresh_fill_ids()
         fill_len = len(req.full_untruncated_fill_ids)
         req.extend_end = min(req.prefix_len + chunk_len, fill_len)
@@ -175,11 +168,8 @@ class SglangEngine:
 
     def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:
         s = self.s
-        req = self.request(rid)
-        if rid not in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} is still in prefill; finish its prefill chunks first")
-        if req.seqlen + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r} would outgrow the full pool; finish it")
+        self.refuse_misuse(EngineOperation.DECODE, rid=rid)
+        req = self.requests[rid]
         batch = self.batch(req, "DECODE")
         batch.seq_lens = s.torch.tensor([req.kv.kv_committed_len], dtype=s.torch.int64)
         batch.seq_lens_cpu = batch.seq_lens.clone()
@@ -197,7 +187,7 @@ class SglangEngine:
     # -- release ----------------------------------------------------------------------
 
     def release(self, rid: str, checkpoint: bool):
-        req = self.request(rid)
+        req = self.requests[rid]
         if req.kv.holds_kv:
             self.s.release_kv_cache(req, self.cache, checkpoint=checkpoint)
         else:  # dropped before its first extend: it holds only its lock
@@ -208,29 +198,26 @@ class SglangEngine:
         return req
 
     def finish(self, rid: str, trim: int = 0) -> None:
-        req = self.request(rid)
-        if rid not in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} cannot finish during prefill; abort it instead")
+        self.refuse_misuse(EngineOperation.FINISH, rid=rid, trim=trim)
+        req = self.requests[rid]
         written_outputs = req.kv.kv_committed_len - len(req.origin_input_ids)
-        deepest = min(written_outputs, req.kv.kv_committed_len - req.kv.cache_protected_len)
-        if not 0 <= trim <= deepest:
-            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its own output tokens (0..{deepest})")
         req.finished_reason = self.s.FINISH_LENGTH(length=len(req.output_ids))
         if trim:  # a stop: the tokens after it are not kept
             req.finished_len = written_outputs - trim
         self.release(rid, checkpoint=True)
 
     def abort(self, rid: str) -> None:
+        self.refuse_misuse(EngineOperation.ABORT, rid=rid)
         self.release(rid, checkpoint=False)
 
     def retract(self, rid: str) -> None:
+        self.refuse_misuse(EngineOperation.RETRACT, rid=rid)
         req = self.release(rid, checkpoint=False)
         req.reset_for_retract()
         self.retracted[rid] = req
 
     def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
-        if full_tokens < 0 or swa_tokens < 0:
-            raise InvalidRequest(f"evict needs non-negative token counts (got {full_tokens}, {swa_tokens})")
+        self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         result = self.cache.evict(self.s.EvictParams(num_tokens=full_tokens, swa_num_tokens=swa_tokens))
         return result.num_tokens_evicted, result.swa_num_tokens_evicted
 

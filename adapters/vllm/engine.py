@@ -35,6 +35,7 @@ from functools import lru_cache
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, RequestBlocks
+from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView
@@ -86,10 +87,12 @@ class VllmEngine:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def request(self, rid: str):
-        if rid not in self.requests:
-            raise InvalidRequest(f"unknown request {rid!r}: admit it first (running: {sorted(self.requests)})")
-        return self.requests[rid]
+    def refuse_misuse(self, operation: EngineOperation, **args) -> None:
+        """[LIFE-1] Raise InvalidRequest, before vLLM is called, for a call the lifecycle forbids."""
+        running = {rid: RunningRequest(rid in self.finished_prefill, req.num_tokens, req.num_computed_tokens)
+                   for rid, req in self.requests.items()}
+        if why := refusal(operation, args, running, self.retracted, self.config.size_full):
+            raise InvalidRequest(why)
 
     def out_of_memory(self, needed: int) -> OutOfMemory:
         return OutOfMemory("full", needed, self.pool.get_num_free_blocks())
@@ -120,19 +123,11 @@ class VllmEngine:
 
     def admit(self, rid: str, prompt: list[int] | None = None) -> OutOfMemory | None:
         v = self.v
-        if rid in self.requests:
-            raise InvalidRequest(f"request {rid!r} is already running; use a new request id")
+        self.refuse_misuse(EngineOperation.ADMIT, rid=rid, prompt=prompt)
         if prompt is None:
-            if rid not in self.retracted:
-                raise InvalidRequest(f"request {rid!r} was not retracted; pass its prompt to admit it")
             req = self.retracted[rid]
         else:
-            if not prompt:
-                raise InvalidRequest(f"request {rid!r} has no tokens; a prompt needs at least one")
             req = v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
-        if req.num_tokens + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r}: {req.num_tokens} tokens cannot fit the full pool of "
-                                 f"{self.config.size_full}")
         hit_blocks, hit, _ = self.manager.get_computed_blocks(req)
         if hit and not self.allocate(rid, req, 0, hit, hit_blocks):
             self.manager.free(req)  # it leaves the waiting queue, as an aborted waiting request
@@ -149,11 +144,8 @@ class VllmEngine:
         raise InvalidRequest("vLLM's KV cache manager has no PD-decode pre-allocation (capability pd_decode)")
 
     def prefill_chunk(self, rid: str, chunk_len: int, token: int) -> OutOfMemory | None:
-        req = self.request(rid)
-        if rid in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} has finished its prefill; run decode steps")
-        if chunk_len < 1:
-            raise InvalidRequest(f"a prefill chunk needs chunk_len >= 1 (got {chunk_len})")
+        self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
+        req = self.requests[rid]
         n = min(chunk_len, req.num_tokens - req.num_computed_tokens)
         if not self.allocate(rid, req, n):
             return self.out_of_memory(pages_for(n, self.bs))
@@ -164,11 +156,8 @@ class VllmEngine:
         return None
 
     def decode(self, rid: str, token: int) -> OutOfMemory | None:
-        req = self.request(rid)
-        if rid not in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} is still in prefill; finish its prefill chunks first")
-        if req.num_tokens + 1 > self.config.size_full:
-            raise InvalidRequest(f"request {rid!r} would outgrow the full pool; finish it")
+        self.refuse_misuse(EngineOperation.DECODE, rid=rid)
+        req = self.requests[rid]
         if not self.allocate(rid, req, 1):
             return self.out_of_memory(1)
         req.num_computed_tokens += 1
@@ -177,20 +166,15 @@ class VllmEngine:
         return None
 
     def finish(self, rid: str, trim: int = 0) -> None:
-        req = self.request(rid)
-        if rid not in self.finished_prefill:
-            raise InvalidRequest(f"request {rid!r} cannot finish during prefill; abort it instead")
-        if not 0 <= trim <= req.num_computed_tokens:
-            raise InvalidRequest(f"request {rid!r}: trim {trim} must lie within its computed tokens "
-                                 f"(0..{req.num_computed_tokens})")
+        self.refuse_misuse(EngineOperation.FINISH, rid=rid, trim=trim)
         self.release(rid)  # vLLM caches at allocation, so a stop changes nothing here
 
     def abort(self, rid: str) -> None:
-        self.request(rid)
+        self.refuse_misuse(EngineOperation.ABORT, rid=rid)
         self.release(rid)
 
     def retract(self, rid: str) -> None:
-        self.request(rid)
+        self.refuse_misuse(EngineOperation.RETRACT, rid=rid)
         req = self.release(rid)
         req.num_computed_tokens = 0
         req.status = self.v.RequestStatus.PREEMPTED
@@ -199,8 +183,7 @@ class VllmEngine:
     def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
         """Drop the keys of up to that many tokens' worth of cached free blocks per group,
         least recently used first (the free queue's order); returns the tokens dropped."""
-        if full_tokens < 0 or swa_tokens < 0:
-            raise InvalidRequest(f"evict needs non-negative token counts (got {full_tokens}, {swa_tokens})")
+        self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         wanted = {FULL: pages_for(full_tokens, self.bs), SWA: pages_for(swa_tokens, self.bs)}
         chosen = []
         for block in self.pool.free_block_queue.get_all_free_blocks():

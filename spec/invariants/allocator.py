@@ -6,6 +6,7 @@ harness, or a test) holds sequences of slots, and the allocator's state must acc
 exactly those.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..accounting import (
@@ -20,7 +21,7 @@ from ..accounting import (
     ownership_violations,
 )
 from ..notation import Violation
-from ..registry import invariant
+from ..registry import REGISTERED, invariant, violations
 
 
 @dataclass(frozen=True)
@@ -71,3 +72,9 @@ def allocator_mapping_violations(now: AllocatorView) -> list[Violation]:
 def allocator_alignment_violations(now: AllocatorView) -> list[Violation]:
     """[I6] Held slots sit at their positions' in-page offsets."""
     return alignment_violations(now.held, now.state.page_size)
+
+
+def allocator_violations(state: AllocatorState, sequences: Sequence[HeldSequence]) -> list[Violation]:
+    """Every allocator invariant (I1-I6) of `state` while the caller holds `sequences`."""
+    return violations([check for check in REGISTERED if check.snapshot_type is AllocatorView],
+                      AllocatorView(state, tuple(sequences)))
