@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvspec.conformance.protocol import load_adapter
-from kvspec.conformance.replay import replay, with_expectations
-from kvspec.conformance.trace import Trace, TraceStep, load
+from kvspec.conformance.harness.protocol import load_adapter
+from kvspec.conformance.harness.replay import replay, with_expectations
+from kvspec.conformance.harness.trace import Trace, TraceStep, load
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class ReferenceEngineAdapter:
 
 
 class ADAPTER:
-    """kvspec's reference model, as an adapter (see kvspec.conformance.protocol)."""
+    """kvspec's reference model, as an adapter (see kvspec.conformance.harness.protocol)."""
 
     name = "reference"
     policy_version = "sglang-0.5.23"

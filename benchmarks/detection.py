@@ -1,6 +1,6 @@
 """How fast the conformance suite finds each seeded bug of the zoo, over several seeds.
 
-For every seed, `kvspec zoo`'s own machinery (kvspec.conformance.zoo: `collect`,
+For every seed, `kvspec zoo`'s own machinery (kvspec.conformance.zoo.zoo: `collect`,
 `run_zoo`) runs each mutant on the run that exposes it, at the chosen profile, with
 that Hypothesis seed. Per mutant, over the seeds:
 
@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvspec.conformance.zoo import caught, collect, implementations, installed_implementations, run_zoo
+from kvspec.conformance.zoo.zoo import caught, collect, installed_implementations, run_zoo
+from kvspec.conformance.zoo.zoo import implementations as zoo_implementations
 
 GOAL_SECONDS = 10.0
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10, help="Hypothesis seeds 0..N-1 (default 10)")
-    parser.add_argument("--implementation", choices=("all", *implementations()), default="all",
+    parser.add_argument("--implementation", choices=("all", *zoo_implementations()), default="all",
                         help="whose mutants (default all: SGLang's and vLLM's where installed)")
     parser.add_argument("--only", action="append", metavar="TEXT", help="only mutants whose adapter contains TEXT")
     parser.add_argument("-n", "--workers", type=int, default=1, help="worker processes (default 1)")

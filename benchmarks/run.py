@@ -36,7 +36,7 @@ import torch
 from workload import Workload, small_pools
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.protocol import load_adapter
+from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.spec.snapshot import EngineConfig, pool_check_period
 from kvspec.spec.window import Policy
 
@@ -119,7 +119,7 @@ def profile(engines, steps, seed, progress) -> list[dict]:
     """Where a checked step's time goes, per engine (page size 1): the engine's own
     operation, the snapshot, and each invariant check, as shares of the run under
     cProfile (which slows everything alike, so only the shares are reported)."""
-    from kvspec.conformance.checks import Checks
+    from kvspec.conformance.harness.checks import Checks
 
     rows = []
     for engine in engines:

@@ -1,6 +1,6 @@
 """One lifecycle workload, the same for every engine: it drives any adapter's engine
-through the engine protocol (kvspec.conformance.protocol), unchecked or with every
-invariant checked after every step (kvspec.conformance.engine_driver, as `kvspec check`).
+through the engine protocol (kvspec.conformance.harness.protocol), unchecked or with every
+invariant checked after every step (kvspec.conformance.harness.engine_driver, as `kvspec check`).
 
 The workload is deterministic (random.Random(seed)): up to four requests at a time,
 prompts that share prefixes (cut from a few stems), prefilled in random chunks, decoded,
@@ -18,9 +18,8 @@ holds about the same at any pool size, so a run on a larger pool does the same w
 import random
 import time
 
-from kvspec.conformance.engine_driver import EngineDriver
-from kvspec.conformance.protocol import PARAMETERS
-from kvspec.conformance.protocol import Adapter
+from kvspec.conformance.harness.engine_driver import EngineDriver
+from kvspec.conformance.harness.protocol import PARAMETERS, Adapter
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy

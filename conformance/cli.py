@@ -24,19 +24,22 @@ import sys
 import time
 from pathlib import Path
 
-from .checks import ImplementationCrash
-from .diff_helpers import add_command as add_diff_helpers
-from .isolation import Journal, Lost, run_jobs
-from .occupancy import PlotError, draw, picture_path, timeline
-from .profiles import PROFILES
-from .protocol import AdapterError, load_adapter
-from .replay import Replay, replay, unmet_requirements
-from .report import CheckReport, class_table, run_table, utc_now, write_json, write_junit
-from .runs import Job, isolated_check, lost_check, machines, probe, skipped_runs, slug
-from .spec_view import add_command as add_spec
-from .trace import TraceError, kvspec_version, load
-from .vectors import corpus_files, write_corpus
-from .zoo import add_command as add_zoo
+from .harness.checks import ImplementationCrash
+from .harness.isolation import Journal, Lost, run_jobs
+from .harness.profiles import PROFILES
+from .harness.protocol import AdapterError, load_adapter
+from .harness.replay import Replay, replay, unmet_requirements
+from .harness.trace import TraceError, kvspec_version, load
+from .reports.json_report import write_json
+from .reports.junit import write_junit
+from .reports.model import CheckReport, utc_now
+from .reports.text import class_table, run_table
+from .review.occupancy import PlotError, draw, picture_path, timeline
+from .review.spec_view import add_command as add_spec
+from .review.diff_helpers import add_command as add_diff_helpers
+from .runs.jobs import Job, isolated_check, lost_check, machines, probe, skipped_runs, slug
+from .runs.vectors import corpus_files, write_corpus
+from .zoo.zoo import add_command as add_zoo
 
 
 def pictures(plot: Path | None, names: list[str]) -> dict[str, str | None]:

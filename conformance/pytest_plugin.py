@@ -44,7 +44,7 @@ import pytest
 # The one place that knows where the list of runs comes from: a module with
 # `machines(adapter)` -> (label, state machine class) pairs and `skipped_runs(adapter)`
 # -> {what is left out: why}.
-RUNS_MODULE = "kvspec.conformance.runs"
+RUNS_MODULE = "kvspec.conformance.runs.jobs"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,8 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # installed everywhere: stay out of sessions that did not ask for kvspec
     # Imported only now, so that a session without the option never pays for (or
     # trips over) the conformance machinery.
-    from kvspec.conformance.profiles import profile
-    from kvspec.conformance.protocol import AdapterError, load_adapter
+    from kvspec.conformance.harness.profiles import profile
+    from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 
     # Refused here, before any collection or xdist worker starts, so that a wrong
     # adapter or profile is one usage error line and not one traceback per worker.
@@ -173,7 +173,7 @@ class ConformanceRun(pytest.Item):
         run_state_machine_as_test(machine, settings=run_settings)
 
     def repr_failure(self, excinfo, style=None):
-        from kvspec.conformance.protocol import AdapterError
+        from kvspec.conformance.harness.protocol import AdapterError
 
         error = excinfo.value
         if isinstance(error, AdapterError):

@@ -2,7 +2,7 @@
 on torch tensors (CPU by default, any torch device works). Every decision calls a
 kvspec.spec definition; the tensors only hold the state."""
 
-from .pool import PoolAllocator
 from .hybrid import HybridAllocator
+from .pool import PoolAllocator
 
 __all__ = ["PoolAllocator", "HybridAllocator"]

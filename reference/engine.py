@@ -29,7 +29,7 @@ from kvspec.spec.lifecycle import (
 )
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
-from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, Step, held_full_slots
+from kvspec.spec.snapshot import EngineConfig, RequestView, Step, TwoPoolSnapshot, held_full_slots
 from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots

@@ -13,7 +13,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import run
 from workload import Workload, small_pools
 
-from kvspec.conformance.protocol import load_adapter
+from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.spec.window import Policy
 
 
@@ -84,7 +84,7 @@ def test_goals_are_judged_on_the_measured_ratios():
 def test_the_detection_section_reports_each_mutant(tmp_path, monkeypatch):
     """The zoo's runs are replaced by a caught result (the real ones are detection.py's
     tests); what is checked is the section's plumbing, progress lines included."""
-    from kvspec.conformance.report import RunResult
+    from kvspec.conformance.reports.model import RunResult
 
     def run_zoo(chosen, profile, seed, traces, workers, step_timeout, shrink_seconds, progress):
         results = {}

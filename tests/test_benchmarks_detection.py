@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvspec.adapters.mutants import MUTANTS
-from kvspec.conformance.report import RunResult
-from kvspec.conformance.zoo import Specimen
+from kvspec.conformance.reports.model import RunResult
+from kvspec.conformance.zoo.zoo import Specimen
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "detection.py"
 

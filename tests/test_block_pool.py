@@ -20,7 +20,6 @@ from collections import Counter
 from dataclasses import replace
 from itertools import product
 
-from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.block_pool import (
     FULL,
     NULL_BLOCK,

@@ -46,7 +46,7 @@ def test_the_seed_decides_the_run_under_ci_true_too():
     import os
     import sys
 
-    probe = "from kvspec.conformance.profiles import PROFILES, profile; print([profile(p).derandomize for p in PROFILES])"
+    probe = "from kvspec.conformance.harness.profiles import PROFILES, profile; print([profile(p).derandomize for p in PROFILES])"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             env={**os.environ, "CI": "true"})
     assert result.stdout.strip() == "[False, False, False]", result.stdout + result.stderr

@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from kvspec.conformance.diff_helpers import add_command, conjuncts
-from kvspec.conformance.protocol import AdapterError
+
+from kvspec.conformance.harness.protocol import AdapterError
+from kvspec.conformance.review.diff_helpers import add_command, conjuncts
 
 TESTS = Path(__file__).resolve().parent
 BUDGET = "3"  # CrossHair CPU seconds per helper: both bugs below are found within 1

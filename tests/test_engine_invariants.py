@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import pytest
 
-from kvspec.spec.outcomes import Outcome
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.invariants import INVARIANTS, engine_violations
+from kvspec.spec.outcomes import Outcome
 from kvspec.spec.registry import INVARIANT_CLASSES
-from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, Ledgers, NodeView, RequestView, Step
+from kvspec.spec.snapshot import EngineConfig, Ledgers, NodeView, RequestView, Step, TwoPoolSnapshot
 from kvspec.spec.window import Policy
 
 P, W = 4, 8

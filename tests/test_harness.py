@@ -14,9 +14,10 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.mutants import MUTANTS
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.protocol import load_adapter
-from kvspec.conformance.report import SCHEMAS, validate_json
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.protocol import load_adapter
+from kvspec.conformance.reports.json_report import validate_json
+from kvspec.conformance.reports.model import SCHEMAS
 from kvspec.spec.window import Policy
 
 TESTS = Path(__file__).resolve().parent

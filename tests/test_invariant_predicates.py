@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import pytest
 
-from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import (
     AllocatorState,
@@ -25,6 +24,7 @@ from kvspec.spec.accounting import (
     mapping_violations,
     ownership_violations,
 )
+from kvspec.spec.invariants.allocator import allocator_violations
 
 P = 4
 

@@ -12,9 +12,8 @@ lifecycle does not allow, and what it returns when memory runs out:
 
 import pytest
 
-from kvspec.spec.outcomes import Outcome
 from kvspec.reference.engine import Engine
-from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, KvSpecError, OutOfMemory
+from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineConfig, Step
 from kvspec.spec.window import NO_PREFIX_SHARING, SGLANG_0_5_23, Policy
 

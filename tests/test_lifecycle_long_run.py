@@ -11,8 +11,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.profiles import profile
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.profiles import profile
 from kvspec.spec.window import SGLANG_0_5_23, Policy
 
 STEPS = 10_000

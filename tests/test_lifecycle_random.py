@@ -1,5 +1,5 @@
 """[I1 .. I16, LIFE-1 .. LIFE-8] Random request lifecycles on the reference engine: the
-engine-tier state machine (kvspec.conformance.engine_machine) at page sizes and windows
+engine-tier state machine (kvspec.conformance.harness.engine_machine) at page sizes and windows
 chosen for their arithmetic, every invariant checked after every step.
 
   * the versions that promise the window (sglang-0.5.23, design-margin) and the one
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.spec.outcomes import Outcome
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.profiles import profile
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.profiles import profile
 from kvspec.reference.engine import Engine
+from kvspec.spec.outcomes import Outcome
 from kvspec.spec.snapshot import EngineConfig, Step
 from kvspec.spec.window import DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, Policy
 

@@ -9,12 +9,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import mutants
 from kvspec.adapters.mutants import MUTANTS, Run
-from kvspec.conformance.families import CRASH
 from kvspec.adapters.reference import ADAPTER
-from kvspec.conformance.allocator_machine import allocator_machine
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.profiles import profile
-from kvspec.conformance.protocol import load_adapter
+from kvspec.conformance.harness.allocator_machine import allocator_machine
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.families import CRASH
+from kvspec.conformance.harness.profiles import profile
+from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.spec.window import Policy
 
 # The ci profile at a fixed seed, without shrinking: shrinking one counterexample takes

@@ -1,4 +1,4 @@
-"""Pictures of a run (conformance/occupancy.py): the occupancy of known snapshots, the
+"""Pictures of a run (conformance/review/occupancy.py): the occupancy of known snapshots, the
 timeline of the README's example on the reference and on mutant-no-chunk-release,
 `--plot` on `kvspec check` and `kvspec replay`, and the picture of one shared block pool
 (spec chapter 08): a hand-made view, and, with vLLM installed, real vLLM runs."""
@@ -16,9 +16,12 @@ import pytest
 from test_engine_invariants import PREFILL, engine, with_request
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.checks import InvariantViolation
 from kvspec.conformance.cli import pictures
-from kvspec.conformance.occupancy import (
+from kvspec.conformance.harness.checks import InvariantViolation
+from kvspec.conformance.harness.protocol import load_adapter, validate
+from kvspec.conformance.harness.replay import build_driver, replay
+from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json, load
+from kvspec.conformance.review.occupancy import (
     BLOCKS_UNACCOUNTED,
     CACHED_FREE,
     CALLER,
@@ -43,10 +46,6 @@ from kvspec.conformance.occupancy import (
     window_bound,
     window_span,
 )
-from kvspec.conformance.protocol import load_adapter, validate
-from kvspec.conformance.replay import build_driver, replay
-from kvspec.conformance.trace import Trace, TraceStep, engine_config_json, load
-from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.block_pool import (
     FULL,
     NULL_BLOCK,
@@ -226,8 +225,8 @@ def test_a_passing_check_keeps_its_busiest_example():
     """Not the longest: Hypothesis' simplest examples repeat one refused call."""
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvspec.conformance.profiles import profile
-    from kvspec.conformance.runs import machines
+    from kvspec.conformance.harness.profiles import profile
+    from kvspec.conformance.runs.jobs import machines
 
     reference = load_adapter("reference")
     machine = dict(machines(reference))["allocator P=4"]
@@ -499,8 +498,8 @@ def test_the_busiest_example_of_a_vllm_check_keeps_within_the_pool_and_the_bound
     SWA blocks held stay within the bound."""
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvspec.conformance.profiles import profile
-    from kvspec.conformance.runs import machines
+    from kvspec.conformance.harness.profiles import profile
+    from kvspec.conformance.runs.jobs import machines
 
     vllm = load_adapter("vllm")
     machine = dict(machines(vllm))["engine P=4 W=7 I=1"]

@@ -26,7 +26,7 @@ def test_built_wheel_imports_every_subpackage(tmp_path):
         print(ReferenceAllocatorAdapter(8, 8, 2).alloc_extend([0], [3], [-1]))
         # the rendered spec, from the wheel's own sources and the checkout's tests
         from pathlib import Path
-        from kvspec.conformance.spec_view import write
+        from kvspec.conformance.review.spec_view import write
         written, problems = write(Path("rendered"), Path({str(ROOT / "tests")!r}))
         assert problems == [], problems
         assert "sglang-mutant-no-chunk-release" in written[0].read_text(encoding="utf-8")

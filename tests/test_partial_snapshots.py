@@ -5,12 +5,11 @@ pool_check_period checks. What each kind of snapshot sees, with seeded bugs."""
 import pytest
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.checks import InvariantViolation
-from kvspec.spec.models import TWO_POOL
-from kvspec.conformance.engine_driver import EngineDriver
+from kvspec.conformance.harness.checks import InvariantViolation
+from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.spec.accounting import PartialMapping
 from kvspec.spec.invariants import engine_violations
-from kvspec.spec.models import fixed_observables
+from kvspec.spec.models import TWO_POOL, fixed_observables
 from kvspec.spec.snapshot import POOL_CHECK_SLOTS, EngineConfig, pool_check_period
 from kvspec.spec.window import Policy
 

@@ -8,11 +8,12 @@ import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 # kvspec.adapters.reference is imported before pytester snapshots sys.modules, so that
 # its in-process runs share it: pytester drops what a run imported, and torch cannot be
 # imported a second time.
 import kvspec.adapters.reference  # noqa: F401
-import pytest
 
 pytest_plugins = ["pytester"]
 

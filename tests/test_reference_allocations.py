@@ -4,8 +4,18 @@ alloc_extend_swa_tail, each with its OutOfMemory and invalid-argument paths. A r
 or failed call leaves `state()` exactly as it was."""
 
 import pytest
+from allocator_helpers import (
+    PAGE_SIZES,
+    assert_clean,
+    assert_oom_changes_nothing,
+    assert_refused,
+    free_page_sets,
+    held,
+    hybrid,
+    new_sequence,
+    translate,
+)
 
-from allocator_helpers import (PAGE_SIZES, assert_clean, assert_oom_changes_nothing, assert_refused, free_page_sets, held, hybrid, new_sequence, translate)
 from kvspec.reference import HybridAllocator, PoolAllocator
 from kvspec.spec.outcomes import InvalidAllocation, InvalidConfig
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend

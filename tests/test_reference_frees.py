@@ -5,9 +5,18 @@ reference on CUDA when there is one."""
 
 import pytest
 import torch
+from allocator_helpers import (
+    PAGE_SIZES,
+    assert_clean,
+    assert_out_of_memory,
+    assert_refused,
+    free_page_sets,
+    held,
+    hybrid,
+    new_sequence,
+    translate,
+)
 
-from allocator_helpers import (PAGE_SIZES, assert_clean, assert_out_of_memory,
-                               assert_refused, free_page_sets, held, hybrid, new_sequence, translate)
 from kvspec.reference import HybridAllocator, PoolAllocator
 from kvspec.spec.outcomes import InvalidAllocation, InvalidFree
 from kvspec.spec.pages import pages_for

@@ -1,4 +1,4 @@
-"""conformance/report.py: the run and class tables, the JSON report and its schema
+"""conformance/reports/: the run and class tables, the JSON report and its schema
 (schemas/report.schema.json), JUnit XML and its XSD (schemas/junit.xsd).
 
 One report holds every kind of run: two allocator runs that pass (one of them with
@@ -14,25 +14,26 @@ from xml.etree import ElementTree
 import jsonschema
 import pytest
 import xmlschema
-from kvspec.conformance.report import (
+
+from kvspec.conformance.reports.json_report import (
+    ReportSchemaError,
+    load_report_schema,
+    to_json,
+    validate_json,
+    write_json,
+)
+from kvspec.conformance.reports.junit import to_junit, write_junit
+from kvspec.conformance.reports.model import (
     REPORT_SCHEMA_ID,
     SCHEMAS,
     TIERS,
     VERDICTS,
     CheckReport,
     ClassTally,
-    ReportSchemaError,
     RunResult,
-    class_table,
-    load_report_schema,
-    run_table,
-    to_json,
-    to_junit,
     utc_now,
-    validate_json,
-    write_json,
-    write_junit,
 )
+from kvspec.conformance.reports.text import class_table, run_table
 from kvspec.spec.clauses import load_clauses
 from kvspec.spec.registry import INVARIANT_CLASSES
 

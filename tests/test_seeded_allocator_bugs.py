@@ -14,12 +14,12 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.reference import ReferenceAllocatorAdapter
-from kvspec.conformance.allocator_machine import allocator_machine
+from kvspec.conformance.harness.allocator_machine import allocator_machine
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.reference.pool import PoolAllocator
 from kvspec.spec.accounting import HeldSequence
-from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.spec.allocator import swa_tail_split
+from kvspec.spec.invariants.allocator import allocator_violations
 from kvspec.spec.notation import NO_SWA_PEER
 from kvspec.spec.outcomes import InvalidFree, OutOfMemory
 

@@ -16,8 +16,8 @@ if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("
                 allow_module_level=True)
 
 from kvspec.adapters.sglang.runtime import sglang
-from kvspec.conformance.protocol import AdapterError, load_adapter
-from kvspec.conformance.runs import probe
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.runs.jobs import probe
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
@@ -72,8 +72,8 @@ def test_the_torchvision_stub_only_stands_in_and_never_runs():
 def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unheld_mapping(adapter):
     """[OBS-4] With large pools SGLang is checked on partial snapshots: free counts read
     off its free and release pages, the mapping at the held slots."""
+    from kvspec.conformance.harness.checks import Checks, Tally
     from kvspec.spec.accounting import PartialMapping
-    from kvspec.conformance.checks import Checks, Tally
     from kvspec.spec.models import fixed_observables
     from kvspec.spec.snapshot import POOL_CHECK_SLOTS
 

@@ -12,8 +12,8 @@ import pytest
 
 from kvspec.adapters.sglang import CAPABILITIES, SGLANG
 from kvspec.adapters.sglang.divergences import KNOWN_DIVERGENCES
-from kvspec.conformance.protocol import load_adapter
-from kvspec.conformance.replay import replay
+from kvspec.conformance.harness.protocol import load_adapter
+from kvspec.conformance.harness.replay import replay
 from kvspec.spec.clauses import load_clauses
 
 if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("sglang") is None:

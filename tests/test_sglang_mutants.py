@@ -31,16 +31,16 @@ from kvspec.adapters.sglang.mutants import (
     PatchError,
     active,
 )
-from kvspec.conformance.allocator_machine import allocator_machine
-from kvspec.conformance.checks import ImplementationCrash, InvariantViolation
-from kvspec.conformance.families import CRASH
+from kvspec.conformance.harness.allocator_machine import allocator_machine
+from kvspec.conformance.harness.checks import ImplementationCrash, InvariantViolation
+from kvspec.conformance.harness.engine_driver import EngineDriver
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.families import CRASH
+from kvspec.conformance.harness.profiles import profile
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.replay import replay
+from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json
 from kvspec.spec.models import TWO_POOL
-from kvspec.conformance.engine_driver import EngineDriver
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.profiles import profile
-from kvspec.conformance.protocol import AdapterError, load_adapter
-from kvspec.conformance.replay import replay
-from kvspec.conformance.trace import Trace, TraceStep, engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.conformance import clause_coverage, spec_view
-from kvspec.conformance.clause_coverage import Citation, Coverage, coverage
+from kvspec.conformance.review.clause_coverage import Citation, Coverage, coverage
 from kvspec.spec import window
 from kvspec.spec.clauses import Clause, load_clauses
 
@@ -62,7 +62,7 @@ def seeded_clause(clause_id: str) -> dict[str, Clause]:
 
 def test_a_clause_without_a_check_or_a_test_is_a_problem(project):
     problems = Coverage(seeded_clause("DEMO-1"), project.citations).problems()
-    assert problems == [f"DEMO-1 has no {kind}: write one that names DEMO-1 (conformance/clause_coverage.py says "
+    assert problems == [f"DEMO-1 has no {kind}: write one that names DEMO-1 (conformance/review/clause_coverage.py says "
                         f"what counts)" for kind in ("check", "test")]
 
 

@@ -1,4 +1,4 @@
-"""Traces (conformance/trace.py): the JSON Lines format, its schema, and a loader that
+"""Traces (conformance/harness/trace.py): the JSON Lines format, its schema, and a loader that
 turns every malformed file into a TraceError naming the line and the fault, never a
 traceback from inside, and never runs anything a file contains."""
 
@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from kvspec.conformance.trace import OPERATIONS, SCHEMA, Trace, TraceError, TraceStep, load, parse
-from kvspec.conformance.vectors import walkthroughs
+from kvspec.conformance.harness.trace import OPERATIONS, SCHEMA, Trace, TraceError, TraceStep, load, parse
+from kvspec.conformance.runs.vectors import walkthroughs
 
 ALLOCATOR = Trace("allocator", {"page_size": 4, "size_full": 16, "size_swa": 8}, "reference", (
     TraceStep("new_sequence", {"length": 5}, expect={"outcome": "ok", "free_full_pages": 2, "free_swa_pages": 0}),
@@ -32,8 +33,8 @@ def test_a_trace_survives_a_round_trip(trace, tmp_path):
 
 
 def test_the_schema_knows_every_operation_of_both_drivers():
-    from kvspec.conformance.allocator_driver import AllocatorDriver
-    from kvspec.conformance.protocol import PARAMETERS
+    from kvspec.conformance.harness.allocator_driver import AllocatorDriver
+    from kvspec.conformance.harness.protocol import PARAMETERS
 
     assert all(callable(getattr(AllocatorDriver, op)) for op in OPERATIONS["allocator"])
     assert set(OPERATIONS["engine"]) == {*PARAMETERS, "drain"}

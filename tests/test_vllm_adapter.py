@@ -20,8 +20,8 @@ if os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vl
                 allow_module_level=True)
 
 from kvspec.adapters.vllm import runtime
-from kvspec.conformance.engine_driver import EngineDriver
-from kvspec.conformance.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.engine_driver import EngineDriver
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.reference.engine import Engine
 from kvspec.spec.block_pool import NULL_BLOCK, SWA, swa_block_bound
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest

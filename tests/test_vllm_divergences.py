@@ -15,8 +15,8 @@ if os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vl
                 allow_module_level=True)
 
 from kvspec.adapters.vllm.divergences import KNOWN_DIVERGENCES
-from kvspec.conformance.protocol import load_adapter
-from kvspec.conformance.replay import replay
+from kvspec.conformance.harness.protocol import load_adapter
+from kvspec.conformance.harness.replay import replay
 from kvspec.spec.clauses import load_clauses
 
 CASES = [(d, adapter) for d in KNOWN_DIVERGENCES for adapter in d.adapters]

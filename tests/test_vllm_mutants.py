@@ -25,13 +25,13 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters.mutants import Run
 from kvspec.adapters.patching import ORIGINAL_CODE, PatchError, active
 from kvspec.adapters.vllm.mutants import BLOCK_POOL, MANAGERS, MUTANTS, WINDOW_ONE_TOKEN_EARLY, Patch
-from kvspec.conformance.checks import InvariantViolation
-from kvspec.conformance.engine_driver import EngineDriver
-from kvspec.conformance.engine_machine import engine_machine
-from kvspec.conformance.profiles import profile
-from kvspec.conformance.protocol import AdapterError, load_adapter
-from kvspec.conformance.trace import TraceStep
-from kvspec.conformance.zoo import collect, validate_json
+from kvspec.conformance.harness.checks import InvariantViolation
+from kvspec.conformance.harness.engine_driver import EngineDriver
+from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.profiles import profile
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.trace import TraceStep
+from kvspec.conformance.zoo.zoo import collect, validate_json
 from kvspec.spec.block_pool import NULL_BLOCK, SWA
 from kvspec.spec.clauses import load_clauses
 from kvspec.spec.snapshot import EngineConfig
@@ -160,7 +160,7 @@ def test_a_patch_stays_inside_its_mutant():
 def test_a_bug_seen_when_the_engine_is_built_is_saved_and_reproduced(tmp_path):
     """[BLOCK-3] null-block-in-free-queue breaks the fresh engine: the saved trace has no
     steps, and replaying it reproduces the failure (it is not called nondeterministic)."""
-    from kvspec.conformance.runs import Job, check_job
+    from kvspec.conformance.runs.jobs import Job, check_job
 
     mutant = MUTANTS["null-block-in-free-queue"]
     result = check_job(Job(mutant.name, mutant.exposed_by.label, "quick", 0, str(tmp_path)))

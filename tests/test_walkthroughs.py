@@ -18,9 +18,19 @@ import pytest
 from kvspec.reference.engine import Engine
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.pages import ceil_page, floor_page
-from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, NodeView, RequestView, Step
-from kvspec.spec.window import (DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, Policy,
-                                eviction_frontier, eviction_span_bound, retention, swa_match_length, swa_tail_len)
+from kvspec.spec.snapshot import EngineConfig, NodeView, RequestView, Step, TwoPoolSnapshot
+from kvspec.spec.window import (
+    DESIGN_MARGIN,
+    DROP_MARGIN,
+    NO_PREFIX_SHARING,
+    SGLANG_0_5_23,
+    Policy,
+    eviction_frontier,
+    eviction_span_bound,
+    retention,
+    swa_match_length,
+    swa_tail_len,
+)
 
 P, W = 4, 8
 PROMPT = list(range(100, 140))

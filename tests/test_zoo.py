@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from kvspec.adapters.mutants import MUTANTS, Run
-from kvspec.conformance.report import RunResult
-from kvspec.conformance.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
+from kvspec.conformance.reports.model import RunResult
+from kvspec.conformance.zoo.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
 
 
 def kvspec(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -17,9 +17,9 @@ the mapping), tree.py (the prefix tree), one module each.
 """
 
 from . import allocator, release, tree, window  # noqa: F401 - importing a module registers its mutants
-from .seeding import MUTANTS, Mutant, Run
+from .seeding import MUTANTS, Mutant
 
-__all__ = ["MUTANTS", "Mutant", "Run"]
+__all__ = ["MUTANTS", "Mutant"]
 
 # each mutant is also an attribute of the package, for --adapter kvspec.adapters.mutants:NAME
 globals().update({mutant.__name__: mutant for mutant in MUTANTS.values()})

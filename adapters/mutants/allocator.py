@@ -2,13 +2,14 @@
 
 import torch
 
+from kvspec.conformance.harness.families import CRASH, Run
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.reference.pool import Slots
 from kvspec.spec.allocator import swa_tail_split, swa_tail_starts_on_page
 from kvspec.spec.notation import NO_SWA_PEER
 from kvspec.spec.outcomes import InvalidAllocation, InvalidFree, OutOfMemory
 
-from .seeding import CRASH, Mutant, Run, engine_with_allocator, with_names
+from .seeding import Mutant, engine_with_allocator, with_names
 
 
 class StaleMappingAllocator(HybridAllocator):

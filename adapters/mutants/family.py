@@ -1,5 +1,5 @@
 """The bug zoo of the reference, registered as a family (pyproject.toml): `mutant-<slug>`."""
 
-from kvspec.conformance.families import Family
+from kvspec.conformance.harness.families import Family
 
 FAMILY = Family(prefix="mutant-", implementation="reference", members_at="kvspec.adapters.mutants:MUTANTS")

@@ -1,9 +1,10 @@
 """Request release bugs (LIFE-5): what a finished, aborted or retracted request gives back."""
 
+from kvspec.conformance.harness.families import CRASH, Run
 from kvspec.reference.engine import Engine
 from kvspec.spec.lifecycle import release_segments
 
-from .seeding import CRASH, Mutant, Run, with_names
+from .seeding import Mutant, with_names
 
 
 def release_segments_up_to_owned(cache_protected_len: int, swa_evicted_seqlen: int, owned: int,

@@ -13,10 +13,10 @@ from kvspec.adapters.reference import (
     ReferenceAllocatorAdapter,
     ReferenceEngineAdapter,
 )
+from kvspec.conformance.harness.families import Run, check_declaration
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
-from kvspec.conformance.families import CRASH, Run, check_declaration  # noqa: F401 - CRASH: for the mutant modules
 
 # -- how a bug is seeded --------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ MUTANTS: dict[str, type["Mutant"]] = {}
 
 
 class Mutant:
-    """A seeded bug as an adapter (kvspec.conformance.protocol). A subclass passes its
+    """A seeded bug as an adapter (kvspec.conformance.harness.protocol). A subclass passes its
     slug and the engine and/or allocator class that carries the bug, sets `clause`,
     `invariant_class` and `exposed_by` (and `reverts` where the bug undoes a known SGLang
     fix), and says in its docstring what the bug is."""

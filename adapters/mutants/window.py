@@ -1,6 +1,7 @@
 """Window eviction bugs (WIN-2 .. WIN-6): the frontier below which a request's SWA KV is
 freed computed wrong, an eviction that never runs, and a cursor not set."""
 
+from kvspec.conformance.harness.families import Run
 from kvspec.reference.components import SWAComponent
 from kvspec.reference.engine import Engine
 from kvspec.spec.pages import ceil_page
@@ -8,7 +9,6 @@ from kvspec.spec.window import decode_eviction_due, eviction_frontier, retention
 
 from .seeding import (
     Mutant,
-    Run,
     engine_with_decode_frontier,
     engine_with_frontier,
     engine_with_swa_component,

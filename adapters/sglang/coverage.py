@@ -35,8 +35,8 @@ def measure(adapter: str, profile: str, seed: int | None, traces: str, runs: lis
     paths = [str(Path(spec.origin).parent / file) for file in FILES]
     measured = coverage.Coverage(include=paths, data_file=None)
     measured.start()
-    from kvspec.conformance.protocol import load_adapter
-    from kvspec.conformance.runs import Job, check_job, machines
+    from kvspec.conformance.harness.protocol import load_adapter
+    from kvspec.conformance.runs.jobs import Job, check_job, machines
 
     labels = [label for label, _ in machines(load_adapter(adapter))
               if not runs or any(text in label for text in runs)]

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from kvspec.adapters.divergence import KnownDivergence, main
-from kvspec.conformance.trace import engine_config_json
+from kvspec.conformance.harness.trace import engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, Policy
 

@@ -29,7 +29,7 @@ from array import array
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend
-from kvspec.spec.snapshot import EngineConfig, TwoPoolSnapshot, RequestView, held_full_slots
+from kvspec.spec.snapshot import EngineConfig, RequestView, TwoPoolSnapshot, held_full_slots
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
 from .allocator import allocator_state, build_allocator

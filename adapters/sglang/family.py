@@ -1,6 +1,6 @@
 """SGLang's bug zoo, registered as a family (pyproject.toml): `sglang-mutant-<slug>`."""
 
-from kvspec.conformance.families import Family
+from kvspec.conformance.harness.families import Family
 
 FAMILY = Family(prefix="sglang-mutant-", implementation="sglang", members_at="kvspec.adapters.sglang.mutants:MUTANTS",
                 requires="sglang", install="pip install --no-deps -r adapters/sglang/requirements.txt",

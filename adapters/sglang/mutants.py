@@ -34,7 +34,6 @@ catch; where SGLang's own assertions fire first, the mutant's docstring says so.
 import functools
 
 from kvspec.adapters import patching
-from kvspec.conformance.families import CRASH, RUNS, Run, check_declaration
 from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machinery's names, importable from here
     FUTURE_FLAGS,
     ORIGINAL_CODE,
@@ -43,6 +42,7 @@ from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machiner
     active,
     patched_code,
 )
+from kvspec.conformance.harness.families import CRASH, RUNS, Run, check_declaration
 
 from . import SGLANG_PYTHON
 from .runtime import sglang

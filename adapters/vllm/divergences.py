@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from kvspec.adapters.divergence import KnownDivergence, main
-from kvspec.conformance.trace import engine_config_json
+from kvspec.conformance.harness.trace import engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 

@@ -33,7 +33,6 @@ the snapshot can compare what a consumer of the events knows with the real map (
 from collections import Counter
 from functools import lru_cache
 
-from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, RequestBlocks
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory

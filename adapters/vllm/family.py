@@ -1,6 +1,6 @@
 """vLLM's bug zoo, registered as a family (pyproject.toml): `vllm-mutant-<slug>`."""
 
-from kvspec.conformance.families import Family
+from kvspec.conformance.harness.families import Family
 
 FAMILY = Family(prefix="vllm-mutant-", implementation="vllm", members_at="kvspec.adapters.vllm.mutants:MUTANTS",
                 requires="vllm", install="pip install --no-deps -r adapters/vllm/requirements.txt")

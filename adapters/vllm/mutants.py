@@ -28,8 +28,8 @@ every bug first, an InvariantViolation naming its clause rather than a crash
 import functools
 
 from kvspec.adapters import patching
-from kvspec.conformance.families import RUNS, Run, check_declaration
 from kvspec.adapters.patching import Patched
+from kvspec.conformance.harness.families import RUNS, Run, check_declaration
 
 from . import VLLM
 from .runtime import vllm

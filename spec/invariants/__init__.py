@@ -22,7 +22,6 @@ from ..snapshot import EngineSnapshot, Step
 from . import accounting, allocator, atomicity, cursors, tree, window  # noqa: F401 - each registers its invariants
 
 
-
 def chapter_order(check: Invariant) -> tuple[bool, int]:
     """I1 .. I16, then BLOCK-1 .. BLOCK-8 (ties keep the order of registration)."""
     return check.clause.startswith("BLOCK"), int(check.clause.rsplit("-", 1)[-1].lstrip("I"))

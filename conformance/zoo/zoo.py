@@ -24,13 +24,15 @@ from referencing import Registry, Resource
 
 from kvspec.spec.invariants import INVARIANTS
 
-from .families import CRASH, Family, families
-from .isolation import run_jobs
-from .profiles import PROFILES
-from .protocol import AdapterError, load_adapter
-from .report import SCHEMAS, RunResult, aligned, load_report_schema, run_json, utc_now
-from .runs import Job, isolated_check, lost_check
-from .trace import kvspec_version
+from ..harness.families import CRASH, Family, families
+from ..harness.isolation import run_jobs
+from ..harness.profiles import PROFILES
+from ..harness.protocol import AdapterError, load_adapter
+from ..harness.trace import kvspec_version
+from ..reports.json_report import load_report_schema, run_json
+from ..reports.model import SCHEMAS, RunResult, utc_now
+from ..reports.text import aligned
+from ..runs.jobs import Job, isolated_check, lost_check
 
 ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}

@@ -12,7 +12,7 @@ With `shadow` (another adapter, the reference by default) every step also runs o
 and the observables the spec fixes must agree (differential.py).
 
 `make_allocator(size_full, size_swa, page_size)` must return an object with the
-allocator operations of kvspec.conformance.protocol.ALLOCATOR_OPERATIONS.
+allocator operations of kvspec.conformance.harness.protocol.ALLOCATOR_OPERATIONS.
 """
 
 from collections.abc import Callable, Iterable
@@ -21,11 +21,10 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from kvspec.spec.models import TWO_POOL
 from kvspec.spec.pages import floor_page
 
 from .allocator_driver import AllocatorDriver
-from kvspec.spec.models import TWO_POOL
-
 from .differential import DifferentialDriver
 from .recording import RecordingMachine
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from .trace import TraceStep
 
-PRELOAD = ["kvspec.conformance.runs", "torch"]
+PRELOAD = ["kvspec.conformance.runs.jobs", "torch"]
 POLL_SECONDS = 0.05
 STARTUP_SECONDS = 600
 """How long a worker may take to start (the forkserver's first start, importing the

@@ -26,11 +26,11 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, TWO_POOL_VERSIONS, Policy
 
-from .allocator_machine import allocator_machine
-from .engine_machine import engine_machine
-from .protocol import Adapter, load_adapter
-from .replay import with_expectations
-from .trace import Trace, TraceError, TraceStep, engine_config_json, trace_files
+from ..harness.allocator_machine import allocator_machine
+from ..harness.engine_machine import engine_machine
+from ..harness.protocol import Adapter, load_adapter
+from ..harness.replay import with_expectations
+from ..harness.trace import Trace, TraceError, TraceStep, engine_config_json, trace_files
 
 INDEX = "index.json"
 INDEX_VERSION = 1

@@ -28,7 +28,7 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy, validate_window_config
 
 FORMAT_VERSION = 1
-SCHEMA = json.loads((Path(__file__).parent / "schemas" / "trace.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "trace.schema.json").read_text())
 SCHEMA_ID = SCHEMA["$id"]
 MAX_LINE = 1 << 20
 """Longest line accepted: a trace is small data, a huge line is a malformed file."""

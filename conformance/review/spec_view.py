@@ -47,7 +47,7 @@ def markdown(cov: Coverage, root: str) -> str:
                         for name in chapter_names()]
     parts = [f"# {TITLE}\n",
              ("Rendered by `kvspec spec` from the chapters in `spec/`, the definitions they cite and the code "
-              "that names each clause (`conformance/clause_coverage.py` says what counts as a check, a test, a "
+              "that names each clause (`conformance/review/clause_coverage.py` says what counts as a check, a test, a "
               "mutant or a divergence).\n"),
              chapter(*index, cov, root, title=False),  # the preamble: its title is the document's
              "## Contents\n",

@@ -12,12 +12,13 @@ aborts every prefilling one, evicts the whole cache and requires every page free
 from typing import Any
 
 from kvspec.spec.models import MemoryModel, fixed_observables
-from kvspec.spec.outcomes import InvalidRequest, KvSpecError, OutOfMemory, Outcome
+from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
 from .checks import Checks, ImplementationCrash, InvariantViolation, Tally
 from .protocol import PARAMETERS
 from .trace import TraceStep
+
 
 class EngineDriver:
     def __init__(self, engine, model: MemoryModel, observables: frozenset[str], log=lambda line: None):

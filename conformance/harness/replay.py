@@ -10,8 +10,8 @@ which is then the finding) or when a later step cannot be applied.
 
 from dataclasses import dataclass, replace
 
-from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.models import TWO_POOL, model_of_version
+from kvspec.spec.snapshot import EngineConfig
 
 from .allocator_driver import AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally

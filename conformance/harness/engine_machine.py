@@ -10,7 +10,7 @@ PD-decode requests; the pools are small, so allocations evict from the prefix ca
 sometimes fail. Misuse (unknown requests, finishing twice, decoding during prefill) must
 be refused with InvalidRequest. Every step is `note()`d and recorded (see trace.py).
 
-`make_engine(config)` must return an object with kvspec.conformance.protocol's
+`make_engine(config)` must return an object with kvspec.conformance.harness.protocol's
 ENGINE_OPERATIONS. Capabilities the adapter lacks turn rules off: without `pd_decode`
 no PD-decode admissions, without `chunked_prefill` every prefill is one chunk. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
@@ -23,10 +23,9 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from kvspec.spec.models import TWO_POOL, MemoryModel
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
-
-from kvspec.spec.models import TWO_POOL, MemoryModel
 
 from .differential import DifferentialDriver
 from .engine_driver import EngineDriver

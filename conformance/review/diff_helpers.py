@@ -44,7 +44,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .protocol import AdapterError, load_adapter
+from ..harness.protocol import AdapterError, load_adapter
 
 SPEC_MODULES = ("pages", "allocator", "window", "lifecycle")
 """The kvspec.spec modules whose module-level functions an adapter may expose."""
@@ -269,7 +269,7 @@ PAIR_MODULE = """\
 import atexit
 import sys
 
-from kvspec.conformance.diff_helpers import paired
+from kvspec.conformance.review.diff_helpers import paired
 
 spec, adapter = paired({helper!r}, {target!r})
 atexit.register(lambda: print(f"{COMPARED_MARK}{{spec.inputs_compared}}", file=sys.stderr))
@@ -414,7 +414,7 @@ def run(args) -> int:
     if helpers is None:
         print(f"kvspec diff-helpers: adapter {args.adapter} exposes no helpers: nothing to compare. "
               f"To compare your own versions of the spec's helpers, give the adapter a `helpers` mapping, "
-              f"e.g. {{\"pages.ceil_page\": my_ceil_page}} (see kvspec.conformance.diff_helpers).")
+              f"e.g. {{\"pages.ceil_page\": my_ceil_page}} (see kvspec.conformance.review.diff_helpers).")
         if args.json:
             write_json(args.json, args.adapter, [], 0, args)
         return 0

@@ -57,11 +57,11 @@ from kvspec.spec.pages import ceil_page
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
 from kvspec.spec.window import decode_window_bound, eviction_span_bound, retention
 
-from .allocator_driver import AllocatorDriver
-from .checks import InvariantViolation, StepFailure
-from .protocol import Adapter
-from .replay import build_driver
-from .trace import Trace
+from ..harness.allocator_driver import AllocatorDriver
+from ..harness.checks import InvariantViolation, StepFailure
+from ..harness.protocol import Adapter
+from ..harness.replay import build_driver
+from ..harness.trace import Trace
 
 PRIVATE, PROTECTED, EVICTABLE = "request-private", "tree-protected", "tree-evictable"
 CALLER = "held by the caller"

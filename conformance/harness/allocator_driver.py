@@ -18,17 +18,10 @@ from typing import Any
 from kvspec.spec.accounting import HeldSequence
 from kvspec.spec.allocator import new_pages_available, swa_tail_split
 from kvspec.spec.invariants.allocator import AllocatorView
-from kvspec.spec.outcomes import KvSpecError, OutOfMemory, Outcome
+from kvspec.spec.outcomes import KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
-from .checks import (
-    ImplementationCrash,
-    InvariantViolation,
-    StepNotApplicable,
-    Checks,
-    Tally,
-    leak_clauses,
-)
+from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally, leak_clauses
 from .trace import TraceStep
 
 REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",

@@ -6,7 +6,7 @@ A clause *cites* definitions (its `Definitions:` line); whatever evaluates one o
 works with that clause.
 
 - A **check** is part of the conformance suite that fails when an implementation breaks
-  a clause. A registered invariant check (conformance/checks.py) reports its own clause;
+  a clause. A registered invariant check (conformance/harness/checks.py) reports its own clause;
   a function of the harness (HARNESS_MODULES) reports the clauses it raises a step
   failure with (`InvariantViolation(..., ["LIFE-1"])`) or claims in its docstring
   (`[ALLOC-2, ALLOC-4]`, the spec's own convention); both also enforce every clause whose
@@ -70,7 +70,7 @@ class Coverage:
 
     def problems(self) -> list[str]:
         """Clauses with no check or no test, and citations of ids no chapter has."""
-        found = [f"{clause_id} has no {kind}: write one that names {clause_id} (conformance/clause_coverage.py "
+        found = [f"{clause_id} has no {kind}: write one that names {clause_id} (conformance/review/clause_coverage.py "
                  f"says what counts)" for clause_id in self.clauses for kind in ("check", "test")
                  if not self.of(clause_id, kind)]
         found += [f"{c.kind} {c.name} ({c.where}) cites {clause_id}, which no chapter has a heading for"
@@ -283,9 +283,9 @@ def test_citations(tests: Path, clauses: dict[str, Clause], definitions: SpecInd
 # -- mutants and divergences -------------------------------------------------------------------
 
 def mutants() -> Iterator[Citation]:
-    """The members of every registered family (kvspec.conformance.families), where its
+    """The members of every registered family (kvspec.conformance.harness.families), where its
     engine is installed or not: a family's members are importable without it."""
-    from .families import families
+    from ..harness.families import families
     for family in sorted(families(), key=lambda f: f.prefix):
         shown_as = "the reference" if family.implementation == "reference" else f"real {family.implementation}"
         for slug, mutant in sorted(family.members().items()):
@@ -296,7 +296,7 @@ def mutants() -> Iterator[Citation]:
 
 def divergences() -> Iterator[Citation]:
     """The known divergences of every registered list (importing a list imports no engine)."""
-    from .families import divergences as registered
+    from ..harness.families import divergences as registered
     for _, module, known in registered():
         for divergence in known:
             yield Citation("divergence", divergence.id, where(module.__file__, "KNOWN_DIVERGENCES"),

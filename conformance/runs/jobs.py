@@ -23,17 +23,17 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
-from .allocator_machine import allocator_machine
-from .checks import StepFailure
-from .engine_machine import engine_machine
-from .families import RUNS
-from .isolation import Journal, Lost
-from .occupancy import draw, timeline
-from .profiles import profile
-from .protocol import Adapter, AdapterError, load_adapter
-from .replay import replay, with_expectations
-from .report import ClassTally, RunResult
-from .trace import Trace, load
+from ..harness.allocator_machine import allocator_machine
+from ..harness.checks import StepFailure
+from ..harness.engine_machine import engine_machine
+from ..harness.families import RUNS
+from ..harness.isolation import Journal, Lost
+from ..harness.profiles import profile
+from ..harness.protocol import Adapter, AdapterError, load_adapter
+from ..harness.replay import replay, with_expectations
+from ..harness.trace import Trace, load
+from ..reports.model import ClassTally, RunResult
+from ..review.occupancy import draw, timeline
 
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
 

@@ -24,7 +24,7 @@ kvspec.spec.outcomes.OutOfMemory, and raise kvspec.spec.outcomes errors on misus
 `load_adapter(spec)` takes a name registered under the entry-point group
 `kvspec.adapters` (the built-in `reference`, `sglang`, `vllm`, ... are registered by
 kvspec's own pyproject.toml), a member of a registered family (`mutant-<slug>`,
-`sglang-mutant-<slug>`, ...: kvspec.conformance.families), or `module:attribute`, and
+`sglang-mutant-<slug>`, ...: kvspec.conformance.harness.families), or `module:attribute`, and
 validates what it finds, with errors that say what is missing and how to fix it.
 """
 
@@ -32,7 +32,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -179,7 +179,7 @@ def check_instance(instance: Any, operations: tuple[str, ...], tier: str, adapte
     missing = missing_operations(instance, operations)
     if missing:
         raise AdapterError(f"adapter {adapter!r}: its {tier} lacks {', '.join(missing)}; "
-                           f"implement them (see kvspec.conformance.protocol)")
+                           f"implement them (see kvspec.conformance.harness.protocol)")
     return instance
 
 

@@ -1,0 +1,1 @@
+"""What `kvspec check`, `kvspec vectors` and `kvspec diff-helpers` run against an implementation."""
