@@ -1,4 +1,4 @@
-"""The memory models of the spec, one per chapter that states one, each with its own snapshot type.
+"""[OBS-1] The memory models of the spec, one per chapter that states one, each with its own snapshot type.
 
 An engine has one memory model; its adapter declares it (by name) and its snapshots are
 of that model's type. An invariant reads the snapshot type its `now` is annotated with

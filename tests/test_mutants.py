@@ -8,11 +8,11 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import mutants
-from kvspec.adapters.mutants import MUTANTS, Run
+from kvspec.adapters.mutants import MUTANTS
 from kvspec.adapters.reference import ADAPTER
 from kvspec.conformance.harness.allocator_machine import allocator_machine
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.families import CRASH
+from kvspec.conformance.harness.families import CRASH, Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.spec.window import Policy

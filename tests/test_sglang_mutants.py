@@ -20,7 +20,6 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.mutants import MUTANTS as REFERENCE_MUTANTS
-from kvspec.adapters.mutants import Run
 from kvspec.adapters.sglang.mutants import (
     COMMON,
     MISSING_PAGE_MARGIN,
@@ -35,7 +34,7 @@ from kvspec.conformance.harness.allocator_machine import allocator_machine
 from kvspec.conformance.harness.checks import ImplementationCrash, InvariantViolation
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.families import CRASH
+from kvspec.conformance.harness.families import CRASH, Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.replay import replay

@@ -22,12 +22,12 @@ if os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vl
 from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.adapters.mutants import Run
 from kvspec.adapters.patching import ORIGINAL_CODE, PatchError, active
 from kvspec.adapters.vllm.mutants import BLOCK_POOL, MANAGERS, MUTANTS, WINDOW_ONE_TOKEN_EARLY, Patch
 from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
+from kvspec.conformance.harness.families import Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.trace import TraceStep
@@ -105,7 +105,7 @@ def test_every_vllm_mutant_loads_by_name():
 
 
 def test_an_unknown_vllm_mutant_is_a_clear_error():
-    with pytest.raises(AdapterError, match="unknown vLLM mutant 'vllm-mutant-no-such-bug'(.|\n)*"
+    with pytest.raises(AdapterError, match="unknown mutant of real vLLM 'vllm-mutant-no-such-bug'(.|\n)*"
                                            "vllm-mutant-window-one-token-early"):
         load_adapter("vllm-mutant-no-such-bug")
     with pytest.raises(AdapterError, match="vllm-mutant-no-window-release"):

@@ -8,7 +8,8 @@ import subprocess
 import jsonschema
 import pytest
 
-from kvspec.adapters.mutants import MUTANTS, Run
+from kvspec.adapters.mutants import MUTANTS
+from kvspec.conformance.harness.families import Run
 from kvspec.conformance.reports.model import RunResult
 from kvspec.conformance.zoo.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
 

@@ -2,4 +2,4 @@
 
 from kvspec.conformance.harness.families import Family
 
-FAMILY = Family(prefix="mutant-", implementation="reference", members_at="kvspec.adapters.mutants:MUTANTS")
+FAMILY = Family(prefix="mutant-", implementation="reference", shown_as="the reference", members_at="kvspec.adapters.mutants:MUTANTS")

@@ -88,6 +88,8 @@ class Family:
     """e.g. "mutant-"."""
     implementation: str
     """What the members are built on ("reference", "sglang", ...): `kvspec zoo --implementation`."""
+    shown_as: str
+    """How reports name it: "the reference", "real SGLang"."""
     members_at: str
     """`module:attribute` of the dict slug -> adapter; imported only when a member is needed."""
     requires: str = ""
@@ -148,14 +150,16 @@ def adapter(name: str) -> Any | None:
     members = family.members()
     if slug not in members:
         why = f" ({slug}: {family.left_out()[slug]})" if slug in family.left_out() else ""
-        raise UnknownMember(f"unknown {family.implementation} mutant {name!r}{why}; the family has "
+        raise UnknownMember(f"unknown mutant of {family.shown_as} {name!r}{why}; the family has "
                             + ", ".join(f"{family.prefix}{member}" for member in members))
     return members[slug]
 
 
 def known_adapters() -> str:
-    """The registered names and families, for an error message."""
-    return ", ".join([ep.name for ep in registered(ADAPTERS)] + [f"{family.prefix}<slug>" for family in families()])
+    """The registered names and every family's members, for an error message."""
+    members = [f"{family.shown_as}: " + ", ".join(f"{family.prefix}{slug}" for slug in family.members())
+               for family in families()]
+    return ", ".join(ep.name for ep in registered(ADAPTERS)) + "; seeded bugs in " + "; in ".join(members)
 
 
 def divergences() -> list[tuple[str, Any, list]]:

@@ -40,10 +40,10 @@ from types import CodeType
 import kvspec.spec
 from kvspec.spec.clauses import CLAUSE_ID, Clause, claims_in, documented_definitions, load_clauses, resolve
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds spec/, conformance/ and adapters/ (and tests/ in a checkout)."""
 HARNESS_MODULES = ("protocol", "allocator_driver", "engine_driver", "differential", "replay", "checks")
-"""The conformance modules whose functions judge an implementation."""
+"""The harness modules whose functions judge an implementation."""
 STEP_FAILURES = {"StepFailure", "InvariantViolation", "ImplementationCrash", "StepNotApplicable"}
 KINDS = ("check", "test", "mutant", "divergence")
 
@@ -185,7 +185,7 @@ def harness_functions() -> Iterator[Callable]:
     """Every function and method written in the harness modules (not generated ones, such
     as a dataclass's __init__)."""
     for module_name in HARNESS_MODULES:
-        module = importlib.import_module(f"kvspec.conformance.{module_name}")
+        module = importlib.import_module(f"kvspec.conformance.harness.{module_name}")
         members = [obj for obj in vars(module).values() if getattr(obj, "__module__", None) == module.__name__]
         members += [member for cls in members if inspect.isclass(cls) for member in vars(cls).values()]
         yield from (obj for obj in members if inspect.isfunction(obj) and obj.__code__.co_filename == module.__file__)
@@ -287,10 +287,9 @@ def mutants() -> Iterator[Citation]:
     engine is installed or not: a family's members are importable without it."""
     from ..harness.families import families
     for family in sorted(families(), key=lambda f: f.prefix):
-        shown_as = "the reference" if family.implementation == "reference" else f"real {family.implementation}"
         for slug, mutant in sorted(family.members().items()):
             yield Citation("mutant", f"{family.prefix}{slug}", where(inspect.getsourcefile(mutant), mutant.__name__),
-                           {mutant.clause: f"breaks it ({mutant.invariant_class}) in {shown_as}, "
+                           {mutant.clause: f"breaks it ({mutant.invariant_class}) in {family.shown_as}, "
                                            f"exposed by {mutant.exposed_by.label}"})
 
 

@@ -173,7 +173,7 @@ def adapter_helpers(spec: str) -> Any:
     helpers = getattr(adapter, "helpers", None)
     if helpers is None:
         # The loaded Adapter record may not carry it: read the object the spec names.
-        from . import protocol
+        from ..harness import protocol
 
         helpers = getattr(protocol.resolve(spec), "helpers", None)
     return helpers
