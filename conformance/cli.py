@@ -34,9 +34,9 @@ from .reports.json_report import write_json
 from .reports.junit import write_junit
 from .reports.model import CheckReport, utc_now
 from .reports.text import class_table, run_table
+from .review.diff_helpers import add_command as add_diff_helpers
 from .review.occupancy import PlotError, draw, picture_path, timeline
 from .review.spec_view import add_command as add_spec
-from .review.diff_helpers import add_command as add_diff_helpers
 from .runs.jobs import Job, isolated_check, lost_check, machines, probe, skipped_runs, slug
 from .runs.vectors import corpus_files, write_corpus
 from .zoo.zoo import add_command as add_zoo

@@ -192,3 +192,18 @@ def test_output_piped_into_a_reader_that_stops_is_no_traceback(tmp_path):
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.stdout.startswith("kvspec check: adapter reference") and result.stdout.count("\n") == 1
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
+def test_freeing_a_sequence_removes_it_by_position_not_by_value():
+    """Two empty sequences are equal; freeing the second must keep the first (the same
+    object), or two drivers of a differential run, whose rows differ, drift apart."""
+    from kvspec.conformance.harness.allocator_driver import AllocatorDriver, Sequence
+    from kvspec.conformance.harness.trace import TraceStep
+    from kvspec.spec.models import TWO_POOL
+
+    driver = AllocatorDriver(load_adapter("reference").make_allocator(16, 16, 1), 1, frozenset(TWO_POOL.observables))
+    driver.sequences += [Sequence([]), Sequence([])]  # what a sequence freed from the front to its end leaves
+    first = driver.sequences[0]
+    assert driver.sequences[0] == driver.sequences[1]
+    driver.apply(TraceStep("free_sequence", {"sequence": 1, "set_shaped": False}))
+    assert len(driver.sequences) == 1 and driver.sequences[0] is first

@@ -248,7 +248,7 @@ class AllocatorDriver:
     def free_sequence(self, sequence: int, set_shaped: bool):
         s = self.sequence(sequence)
         self.free_range(s, s.first, len(s.row), set_shaped)
-        self.sequences.remove(s)
+        del self.sequences[sequence]  # by position: an earlier sequence may be equal to it (two empty ones)
 
     def free_front(self, sequence: int, pages: int):
         """Free whole pages from the front, as prefix-cache eviction does."""
