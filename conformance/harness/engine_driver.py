@@ -11,7 +11,7 @@ aborts every prefilling one, evicts the whole cache and requires every page free
 
 from typing import Any
 
-from kvspec.spec.models import MemoryModel, fixed_observables
+from kvspec.spec.models import MemoryModel
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
@@ -57,7 +57,7 @@ class EngineDriver:
             outcome = Outcome.REFUSED
         else:
             outcome = self.call(step.op, step.args)
-        return fixed_observables(self.previous, outcome)  # the snapshot the step's check took
+        return self.model.fixed_observables(self.previous, outcome)  # the snapshot the step's check took
 
     def call(self, operation: str, args: dict[str, Any]) -> Outcome:
         self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")

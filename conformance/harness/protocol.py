@@ -71,13 +71,14 @@ class Engine(EngineOperations, Protocol):
 
 
 def operations(protocol: type) -> tuple[str, ...]:
-    """The methods a protocol class requires, in the order it declares them."""
-    return tuple(name for klass in protocol.__mro__ if klass not in (object, Protocol)
-                 for name, member in vars(klass).items() if callable(member) and not name.startswith("_"))
+    """The methods a protocol class requires, its own first, each once."""
+    return tuple(dict.fromkeys(name for klass in protocol.__mro__ if klass not in (object, Protocol)
+                               for name, member in vars(klass).items()
+                               if callable(member) and not name.startswith("_")))
 
 
-ALLOCATOR_OPERATIONS = tuple(dict.fromkeys(operations(Allocator)))
-ENGINE_OPERATIONS = tuple(dict.fromkeys(operations(Engine)))
+ALLOCATOR_OPERATIONS = operations(Allocator)
+ENGINE_OPERATIONS = operations(Engine)
 PARAMETERS: dict[str, tuple[str, ...]] = {
     operation.value: tuple(inspect.signature(getattr(EngineOperations, operation.value)).parameters)[1:]
     for operation in EngineOperation}

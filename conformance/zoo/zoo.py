@@ -37,7 +37,13 @@ from ..runs.jobs import Job, isolated_check, lost_check
 ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
 IMPLEMENTATION_ORDER = {"reference": 0, "sglang": 1, "vllm": 2}
-"""The order of the table: kvspec's own reference first."""
+"""The order of the table: kvspec's own reference first (a family of another package last)."""
+
+
+def ordered_families() -> list[Family]:
+    """Every registered family, in the table's order."""
+    return sorted(families(), key=lambda f: (IMPLEMENTATION_ORDER.get(f.implementation, len(IMPLEMENTATION_ORDER)),
+                                             f.prefix))
 
 
 @dataclass(frozen=True)
@@ -64,20 +70,19 @@ def specimens(family: Family) -> list[Specimen]:
 
 def implementations() -> tuple[str, ...]:
     """What the registered families are built on ("reference", "sglang", "vllm", ...)."""
-    return tuple(dict.fromkeys(family.implementation for family in sorted(families(), key=lambda f: f.prefix)))
+    return tuple(dict.fromkeys(family.implementation for family in ordered_families()))
 
 
 def collect(chosen_implementations: tuple[str, ...], only: list[str] | None) -> list[Specimen]:
     """The zoo's specimens for the chosen implementations, those named by `only` if given."""
     chosen = []
-    for family in sorted(families(), key=lambda f: f.prefix):
+    for family in ordered_families():
         if family.implementation not in chosen_implementations:
             continue
         if not family.installed():
             raise AdapterError(f"the {family.implementation} mutants need {family.requires}: {family.install} "
                                f"(or --implementation reference)")
         chosen += specimens(family)
-    chosen.sort(key=lambda specimen: IMPLEMENTATION_ORDER.get(specimen.implementation, len(IMPLEMENTATION_ORDER)))
     if only:
         unknown = [text for text in only if not any(text in specimen.adapter for specimen in chosen)]
         if unknown:
@@ -214,7 +219,7 @@ def installed_implementations(implementation: str, say=print) -> tuple[str, ...]
     if implementation != "all":
         return (implementation,)
     chosen = []
-    for family in sorted(families(), key=lambda f: IMPLEMENTATION_ORDER.get(f.implementation, 9)):
+    for family in ordered_families():
         if family.installed():
             chosen.append(family.implementation)
         else:

@@ -21,7 +21,7 @@ from ..accounting import (
     ownership_violations,
 )
 from ..notation import Violation
-from ..registry import REGISTERED, invariant, violations
+from ..registry import invariant, violations
 
 
 @dataclass(frozen=True)
@@ -76,5 +76,6 @@ def allocator_alignment_violations(now: AllocatorView) -> list[Violation]:
 
 def allocator_violations(state: AllocatorState, sequences: Sequence[HeldSequence]) -> list[Violation]:
     """Every allocator invariant (I1-I6) of `state` while the caller holds `sequences`."""
-    return violations([check for check in REGISTERED if check.snapshot_type is AllocatorView],
-                      AllocatorView(state, tuple(sequences)))
+    from . import applicable  # the package's registry, complete once this module is imported
+
+    return violations(applicable(AllocatorView), AllocatorView(state, tuple(sequences)))
