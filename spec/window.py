@@ -20,7 +20,9 @@ SGLANG_0_5_23 = "sglang-0.5.23"
 DESIGN_MARGIN = "design-margin"
 DROP_MARGIN = "drop-margin"
 NO_PREFIX_SHARING = "no-prefix-sharing"
-TWO_POOL_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING)
+MAX_WINDOW_PAGE = "max-window-page"
+"""SGLang 0.5.15 - 0.5.22: retention `max(W, P)`, not rounded up to a page."""
+TWO_POOL_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, MAX_WINDOW_PAGE)
 """The versions of the two-pool model (chapters 01-07), the reference's."""
 VLLM_0_33 = "vllm-0.33"
 """One shared block pool (chapter 08): retention W, released at every allocation."""
@@ -59,16 +61,18 @@ def validate_window_config(window: int, page_size: int, policy: Policy) -> list[
 def retention(version: str, window: int, page_size: int) -> int:
     """[WIN-2] Tokens the frontier stays below `pre_len`:
     sglang-0.5.23 `ceil_page(max(W, P))` (the window rounded up to a page);
-    design-margin `W + P`; drop-margin and no-prefix-sharing `W`.
+    design-margin `W + P`; max-window-page `max(W, P)`; drop-margin and no-prefix-sharing `W`.
 
     pre: window >= 1 and page_size >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
     post: __return__ >= window
     """
     if version == SGLANG_0_5_23:
         return ceil_page(max(window, page_size), page_size)
     if version == DESIGN_MARGIN:
         return window + page_size
+    if version == MAX_WINDOW_PAGE:
+        return max(window, page_size)
     return window
 
 
@@ -97,7 +101,7 @@ def eviction_frontier(pre_len: Position, cursor: Position, cache_protected_len: 
     sharing only), never backwards, and floored to a page.
 
     pre: page_size >= 1 and window >= 1 and eviction_interval >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
     pre: cursor >= 0 and cursor % page_size == 0
     pre: cache_protected_len >= 0 and cache_protected_len % page_size == 0
     pre: pre_len >= 0
@@ -144,7 +148,7 @@ def decode_window_bound(version: str, window: int, page_size: int, interval: int
     or the window plus what accumulates between two evictions.
 
     pre: window >= 1 and page_size >= 1 and interval >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
     """
     return max(eviction_span_bound(retention(version, window, page_size), page_size),
                window + interval + page_size - 1)
@@ -218,7 +222,7 @@ def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: 
     counterexample without that precondition.)
 
     pre: page_size >= 1 and window >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing")
+    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
     pre: cursor >= 0 and cursor % page_size == 0
     pre: cache_protected_len % page_size == 0 and 0 <= cache_protected_len < up_to
     pre: cursor <= cache_protected_len

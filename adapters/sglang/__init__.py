@@ -24,7 +24,7 @@ class SGLANG:
     """The Rust tree core cannot be walked (see tree_view.py)."""
     preload = "kvspec.adapters.sglang.preload"
     make_allocator = SglangAllocatorAdapter
-    make_engine = staticmethod(partial(SglangEngine, tree_core="rust"))
+    make_engine = staticmethod(partial(SglangEngine, tree="rust"))
 
 
 class SGLANG_PYTHON(SGLANG):
@@ -32,4 +32,4 @@ class SGLANG_PYTHON(SGLANG):
 
     name = "sglang-python"
     observables = ("free_sets", "mapping", "rows", "tree")
-    make_engine = staticmethod(partial(SglangEngine, tree_core="python"))
+    make_engine = staticmethod(partial(SglangEngine, tree="python"))

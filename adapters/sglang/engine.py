@@ -23,8 +23,10 @@ request dropped before its first extend only gives its lock back. A `RuntimeErro
 
 import contextlib
 import io
+import os
 import types
 from array import array
+from typing import NamedTuple
 
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
@@ -39,6 +41,17 @@ from .tree_view import tree_view
 MAX_NEW_TOKENS = 1 << 30
 
 
+class KvFields(NamedTuple):
+    """A request's KV bookkeeping (SGLang keeps it on the `Req`, in `req.kv`, or both)."""
+
+    holds_kv: bool
+    row: int | None
+    protected: int
+    cursor: int
+    allocated: int
+    committed: int
+
+
 @contextlib.contextmanager
 def quiet():
     """SGLang prints its tree on a failed allocation; keep the run's output the
@@ -48,36 +61,102 @@ def quiet():
 
 
 class SglangEngine:
-    def __init__(self, config: EngineConfig, tree_core: str):
+    """SGLang 0.5.22 and 0.5.23. The `sglang@` adapters of older releases subclass it
+    (adapters/sglang/releases/): each overrides the few methods below whose SGLang API
+    its releases spell differently (marked "seam")."""
+
+    ENVIRONMENT = ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN",
+                   "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "SGLANG_ENABLE_UNIFIED_RADIX_TREE",
+                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
+    """The knobs an engine sets; any other engine's settings are cleared first."""
+
+    def __init__(self, config: EngineConfig, tree: str = "rust", release: str = "0.5.23",
+                 policy_version: str = SGLANG_0_5_23, environment: dict[str, str] | None = None):
         problems = validate_window_config(config.window, config.page_size, config.policy)
-        if config.policy.version != SGLANG_0_5_23:
-            problems.append(f"SGLang 0.5.23 implements policy {SGLANG_0_5_23!r}, not {config.policy.version!r}")
+        if config.policy.version != policy_version:
+            problems.append(f"SGLang {release} implements policy {policy_version!r}, not {config.policy.version!r}")
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
+        for variable in self.ENVIRONMENT:  # SGLang reads them at each use
+            os.environ.pop(variable, None)
+        os.environ.update(environment or {})
         s = self.s = sglang()
+        if s.version != release:
+            raise InvalidConfig(f"this process imported SGLang {s.version}, not {release}")
         publish_server_args(config.page_size, config.policy.decode_eviction_interval)
         self.config = config
         self.P = config.page_size
+        self.tree_core = tree
         self.allocator = build_allocator(config.size_full, config.size_swa, config.page_size)
         self.req_to_token_pool = s.ReqToTokenPool(size=config.max_requests, max_context_len=config.size_full + self.P,
                                                   device="cpu", enable_memory_saver=False)
-        self.cache = s.UnifiedRadixCache(s.CacheInitParams(
-            disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
-            page_size=self.P, sliding_window_size=config.window,
-            tree_components=(s.ComponentType.FULL, s.ComponentType.SWA), tree_core_backend=tree_core))
+        self.cache = self.make_cache()
         self.requests: dict[str, object] = {}
         self.finished_prefill: set[str] = set()
         self.retracted: dict[str, object] = {}
+
+    # -- seams: where releases differ -----------------------------------------------------
+
+    def make_cache(self):
+        s = self.s
+        return s.UnifiedRadixCache(s.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
+            page_size=self.P, sliding_window_size=self.config.window,
+            tree_components=(s.ComponentType.FULL, s.ComponentType.SWA), tree_core_backend=self.tree_core))
+
+    def kv(self, req) -> KvFields:
+        """What a request holds, wherever the release keeps it."""
+        kv = req.kv
+        return KvFields(kv.holds_kv, kv.req_pool_idx, kv.cache_protected_len,
+                        kv.get_evicted_seqlen(self.s.ComponentType.SWA), kv.kv_allocated_len, kv.kv_committed_len)
+
+    def lock(self, req) -> None:
+        req.lock = self.cache.lock(req.last_node)
+
+    def unlock(self, req) -> None:
+        self.cache.unlock(req.lock)
+        req.lock = None
+
+    def lock_node(self, req) -> int | None:
+        return None if req.lock is None else int(req.lock.node)
+
+    def matched_prefix(self, req):
+        """The full slots of an admitted request's matched prefix (before its first extend)."""
+        return self.cache.prefix_device_indices(req)
+
+    def start_extend(self, req, chunk_len: int) -> tuple[int, int, int]:
+        """Set the request's extend range; (prefix_len, extend_end, fill_len)."""
+        req.refresh_fill_ids()
+        fill_len = len(req.full_untruncated_fill_ids)
+        req.extend_end = min(req.prefix_len + chunk_len, fill_len)
+        return req.prefix_len, req.extend_end, fill_len
+
+    def extended(self, req, extend_end: int) -> None:
+        """Bookkeeping the scheduler does after an extend's allocation (none from 0.5.22)."""
+
+    def checkpoint(self, req) -> None:
+        self.s.checkpoint_kv_cache(req, self.cache)
+
+    def release_kv(self, req, checkpoint: bool) -> None:
+        self.s.release_kv_cache(req, self.cache, checkpoint=checkpoint)
+
+    def decode_fits(self, batch, req) -> bool:
+        return self.allocator.check_decode_capacity(num_tokens=batch.new_tokens_required_next_decode(),
+                                                    tree_cache=self.cache, requests=[req])
+
+    def walk_tree(self):
+        return tree_view(self.cache, self.s.ComponentType)
 
     # -- helpers --------------------------------------------------------------------------
 
     def refuse_misuse(self, operation: EngineOperation, **args) -> None:
         """[LIFE-1] Raise InvalidRequest, before SGLang is called, for a call the lifecycle
         forbids. A finish may trim only written output tokens the request owns."""
-        running = {rid: RunningRequest(rid in self.finished_prefill, req.seqlen,
-                                       min(req.kv.kv_committed_len - len(req.origin_input_ids),
-                                           req.kv.kv_committed_len - req.kv.cache_protected_len))
-                   for rid, req in self.requests.items()}
+        running = {}
+        for rid, req in self.requests.items():
+            kv = self.kv(req)
+            running[rid] = RunningRequest(rid in self.finished_prefill, req.seqlen,
+                                          min(kv.committed - len(req.origin_input_ids), kv.committed - kv.protected))
         if why := refusal(operation, args, running, self.retracted, self.config.size_full):
             raise InvalidRequest(why)
 
@@ -132,7 +211,7 @@ class SglangEngine:
             return OutOfMemory("requests", 1, 0)
         self.retracted.pop(rid, None)
         req.init_next_round_input(self.cache)
-        req.lock = self.cache.lock(req.last_node)
+        self.lock(req)
         self.requests[rid] = req
         return None
 
@@ -146,22 +225,21 @@ class SglangEngine:
         s = self.s
         self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
         req = self.requests[rid]
-        req.refresh_fill_ids()
-        fill_len = len(req.full_untruncated_fill_ids)
-        req.extend_end = min(req.prefix_len + chunk_len, fill_len)
+        prefix_len, extend_end, fill_len = self.start_extend(req, chunk_len)
         batch = self.batch(req, "EXTEND")
-        batch.prefix_lens = [req.prefix_len]
-        batch.extend_lens = [req.extend_end - req.prefix_len]
-        batch.extend_num_tokens = req.extend_end - req.prefix_len
-        batch.seq_lens = s.torch.tensor([req.extend_end], dtype=s.torch.int64)
+        batch.prefix_lens = [prefix_len]
+        batch.extend_lens = [extend_end - prefix_len]
+        batch.extend_num_tokens = extend_end - prefix_len
+        batch.seq_lens = s.torch.tensor([extend_end], dtype=s.torch.int64)
         batch.seq_lens_cpu = batch.seq_lens.clone()
-        if not self.extend_fits(req.prefix_len, req.extend_end):
+        if not self.extend_fits(prefix_len, extend_end):
             return self.out_of_memory()
         with quiet():
             s.alloc_for_extend(batch)
+        self.extended(req, extend_end)
         req.extend_batch_idx += 1
-        s.checkpoint_kv_cache(req, self.cache)
-        if req.extend_end == fill_len:
+        self.checkpoint(req)
+        if extend_end == fill_len:
             self.finished_prefill.add(rid)
             req.output_ids.append(next_token)
         return None
@@ -171,12 +249,12 @@ class SglangEngine:
         self.refuse_misuse(EngineOperation.DECODE, rid=rid)
         req = self.requests[rid]
         batch = self.batch(req, "DECODE")
-        batch.seq_lens = s.torch.tensor([req.kv.kv_committed_len], dtype=s.torch.int64)
+        kv = self.kv(req)
+        batch.seq_lens = s.torch.tensor([kv.committed], dtype=s.torch.int64)
         batch.seq_lens_cpu = batch.seq_lens.clone()
-        batch.req_pool_indices = s.torch.tensor([req.kv.req_pool_idx], dtype=s.torch.int64)
+        batch.req_pool_indices = s.torch.tensor([kv.row], dtype=s.torch.int64)
         batch.req_pool_indices_cpu = batch.req_pool_indices.clone()
-        if not self.allocator.check_decode_capacity(num_tokens=batch.new_tokens_required_next_decode(),
-                                                    tree_cache=self.cache, requests=[req]):
+        if not self.decode_fits(batch, req):
             return self.out_of_memory()
         with quiet():
             s.alloc_for_decode(batch, token_per_req=1)
@@ -188,11 +266,10 @@ class SglangEngine:
 
     def release(self, rid: str, checkpoint: bool):
         req = self.requests[rid]
-        if req.kv.holds_kv:
-            self.s.release_kv_cache(req, self.cache, checkpoint=checkpoint)
+        if self.kv(req).holds_kv:
+            self.release_kv(req, checkpoint)
         else:  # dropped before its first extend: it holds only its lock
-            self.cache.unlock(req.lock)
-            req.lock = None
+            self.unlock(req)
         del self.requests[rid]
         self.finished_prefill.discard(rid)
         return req
@@ -200,7 +277,7 @@ class SglangEngine:
     def finish(self, rid: str, trim: int = 0) -> None:
         self.refuse_misuse(EngineOperation.FINISH, rid=rid, trim=trim)
         req = self.requests[rid]
-        written_outputs = req.kv.kv_committed_len - len(req.origin_input_ids)
+        written_outputs = self.kv(req).committed - len(req.origin_input_ids)
         req.finished_reason = self.s.FINISH_LENGTH(length=len(req.output_ids))
         if trim:  # a stop: the tokens after it are not kept
             req.finished_len = written_outputs - trim
@@ -224,24 +301,23 @@ class SglangEngine:
     # -- observation ------------------------------------------------------------------
 
     def request_view(self, rid: str, req) -> RequestView:
-        kv = req.kv
+        kv = self.kv(req)
         if kv.holds_kv:
-            row = tuple(self.req_to_token_pool.req_to_token[kv.req_pool_idx, :kv.kv_allocated_len].tolist())
-            allocated, committed = kv.kv_allocated_len, kv.kv_committed_len
+            row = tuple(self.req_to_token_pool.req_to_token[kv.row, :kv.allocated].tolist())
+            allocated, committed = kv.allocated, kv.committed
         else:  # admitted, no extend yet: its prefix is the tree's (see the module docstring)
-            row = tuple(self.cache.prefix_device_indices(req).tolist())
-            allocated = committed = req.prefix_len
-        return RequestView(rid, row, kv.cache_protected_len, kv.get_evicted_seqlen(self.s.ComponentType.SWA),
-                           allocated, committed, req.seqlen, req.decode_batch_idx, rid in self.finished_prefill,
-                           None if req.lock is None else int(req.lock.node))
+            row = tuple(self.matched_prefix(req).tolist())
+            allocated = committed = len(row)
+        return RequestView(rid, row, kv.protected, kv.cursor, allocated, committed, req.seqlen,
+                           req.decode_batch_idx, rid in self.finished_prefill, self.lock_node(req))
 
     def snapshot(self) -> TwoPoolSnapshot:
-        nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
+        nodes, ledgers = self.walk_tree()
         return TwoPoolSnapshot(self.config, allocator_state(self.allocator),
                               tuple(self.request_view(rid, req) for rid, req in self.requests.items()), nodes, ledgers)
 
     def partial_snapshot(self) -> TwoPoolSnapshot:
         """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
-        nodes, ledgers = tree_view(self.cache, self.s.ComponentType)
+        nodes, ledgers = self.walk_tree()
         requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
         return TwoPoolSnapshot(self.config, allocator_state(self.allocator, held_full_slots(requests, nodes)), requests, nodes, ledgers)

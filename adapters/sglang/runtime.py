@@ -1,4 +1,4 @@
-"""Importing real SGLang 0.5.23 on a CPU-only machine, and the global state it needs.
+"""Importing real SGLang (0.5.23, or the release a `sglang@` adapter activated) on a CPU-only machine, and the global state it needs.
 
 Importing SGLang's memory-cache modules pulls in its model configs, some of which
 import `torchvision` at module level. PyPI only has CUDA builds of torchvision: next to
@@ -13,6 +13,7 @@ Everything SGLang needs is imported here once, so the adapters read one namespac
 the forkserver can preload it (`PRELOAD`).
 """
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import logging
@@ -82,34 +83,63 @@ def install_torchvision_stub_if_needed() -> bool:
     return True
 
 
+SYMBOLS = {
+    # name: where it is, newest release first ("module:attribute"; the releases moved some)
+    "torch": ("torch",),
+    "runtime_context": ("sglang.srt.runtime_context",),
+    "server_args": ("sglang.srt.server_args",),
+    "FINISH_LENGTH": ("sglang.srt.managers.schedule_batch:FINISH_LENGTH",),
+    "Req": ("sglang.srt.managers.schedule_batch:Req",),
+    "ScheduleBatch": ("sglang.srt.managers.schedule_batch:ScheduleBatch",),
+    "alloc_for_decode": ("sglang.srt.mem_cache.allocation:alloc_for_decode", "sglang.srt.mem_cache.common:alloc_for_decode"),
+    "alloc_for_extend": ("sglang.srt.mem_cache.allocation:alloc_for_extend", "sglang.srt.mem_cache.common:alloc_for_extend"),
+    "SWATokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator",
+                                  "sglang.srt.mem_cache.swa_memory_pool:SWATokenToKVPoolAllocator"),
+    "paged": ("sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.allocator"),
+    "EvictParams": ("sglang.srt.mem_cache.base_prefix_cache:EvictParams",),
+    "CacheInitParams": ("sglang.srt.mem_cache.cache_init_params:CacheInitParams",),
+    "common": ("sglang.srt.mem_cache.common",),
+    "checkpoint_kv_cache": ("sglang.srt.mem_cache.common:checkpoint_kv_cache",),
+    "release_kv_cache": ("sglang.srt.mem_cache.common:release_kv_cache",),
+    "ReqToTokenPool": ("sglang.srt.mem_cache.memory_pool:ReqToTokenPool",),
+    "SWAKVPool": ("sglang.srt.mem_cache.swa_memory_pool:SWAKVPool",),
+    "ComponentType": ("sglang.srt.mem_cache.unified_cache.component_type:ComponentType",
+                      "sglang.srt.mem_cache.unified_cache_components:ComponentType"),
+    "UnifiedRadixCache": ("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache",),
+    "SWARadixCache": ("sglang.srt.mem_cache.swa_radix_cache:SWARadixCache",),
+    "ForwardMode": ("sglang.srt.model_executor.forward_batch_info:ForwardMode",),
+    "SamplingParams": ("sglang.srt.sampling.sampling_params:SamplingParams",),
+    "ServerArgs": ("sglang.srt.server_args:ServerArgs",),
+}
+"""What the adapters drive. A name a release does not have is None there (the release
+adapters know which generation has what; 0.5.23 has all but SWARadixCache)."""
+
+
+def locate(candidates: tuple[str, ...]):
+    for candidate in candidates:
+        module, _, attribute = candidate.partition(":")
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if not (error.name and module.startswith(error.name)):
+                raise  # the module exists but something it imports does not
+            continue
+        if not attribute:
+            return found
+        if hasattr(found, attribute):
+            return getattr(found, attribute)
+    return None
+
+
 def import_sglang() -> types.SimpleNamespace:
     """SGLang's classes and functions the adapters drive (imports take about 5-15 s)."""
     install_torchvision_stub_if_needed()
     logging.getLogger("sglang").setLevel(logging.CRITICAL)  # a failed allocation logs a page of state
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Only CUDA ... support AWQ/GGUF": true, and irrelevant here
-        import torch
-        from sglang.srt import runtime_context
-        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
-        from sglang.srt.mem_cache.allocation import alloc_for_decode, alloc_for_extend
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.srt.sampling.sampling_params import SamplingParams
-        from sglang.srt.server_args import ServerArgs
-    return types.SimpleNamespace(
-        torch=torch, runtime_context=runtime_context, FINISH_LENGTH=FINISH_LENGTH, Req=Req, ScheduleBatch=ScheduleBatch,
-        alloc_for_decode=alloc_for_decode, alloc_for_extend=alloc_for_extend,
-        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator, EvictParams=EvictParams, CacheInitParams=CacheInitParams,
-        checkpoint_kv_cache=checkpoint_kv_cache, release_kv_cache=release_kv_cache, ReqToTokenPool=ReqToTokenPool,
-        SWAKVPool=SWAKVPool, ComponentType=ComponentType, UnifiedRadixCache=UnifiedRadixCache,
-        ForwardMode=ForwardMode, SamplingParams=SamplingParams, ServerArgs=ServerArgs)
+        found = types.SimpleNamespace(**{name: locate(candidates) for name, candidates in SYMBOLS.items()})
+    found.version = importlib.import_module("sglang.version").__version__
+    return found
 
 
 SGLANG = None
@@ -128,6 +158,11 @@ def publish_server_args(page_size: int, eviction_interval: int) -> None:
     checks stay at their default (off): kvspec must see what they would."""
     os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = str(eviction_interval)
     s = sglang()
-    s.runtime_context.reset_context()
-    s.runtime_context.publish(s.ServerArgs(model_path="dummy", page_size=page_size,
-                                           attention_backend="torch_native"), role="scheduler")
+    server_args = s.ServerArgs(model_path="dummy", page_size=page_size, attention_backend="torch_native")
+    if hasattr(s.runtime_context, "publish"):  # from 0.5.17
+        s.runtime_context.reset_context()
+        s.runtime_context.publish(server_args, role="scheduler")
+    else:  # 0.5.14 - 0.5.16: a module global
+        if hasattr(s.runtime_context, "reset_context"):
+            s.runtime_context.reset_context()
+        s.server_args.set_global_server_args_for_scheduler(server_args)

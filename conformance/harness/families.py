@@ -10,8 +10,9 @@ any installed package can add to them):
                            from the spec (clause coverage; each has `id`, `title`,
                            `clauses` and `adapters`)
 
-A family's members are seeded bugs: each declares the `Run` of a check that exposes it
-and how it must be caught (an invariant class, or `CRASH`).
+A seeded family's members are bugs: each declares the `Run` of a check that exposes it
+and how it must be caught (an invariant class, or `CRASH`). Other families name real
+adapters, such as every release of an engine.
 """
 
 import importlib
@@ -99,6 +100,9 @@ class Family:
     left_out_at: str = ""
     """`module:attribute` of a dict slug -> why the family has no such member, where a
     sibling family has one (in an error message)."""
+    seeded: bool = True
+    """Members are seeded bugs (the zoo runs them, clause coverage counts them); False for a
+    family of real adapters, such as the releases of one engine (`sglang@<release>`)."""
 
     def installed(self) -> bool:
         return not self.requires or importlib.util.find_spec(self.requires) is not None
@@ -130,6 +134,11 @@ def families() -> tuple[Family, ...]:
     return tuple(sorted(found, key=lambda family: -len(family.prefix)))
 
 
+def seeded_families() -> tuple[Family, ...]:
+    """The families of seeded bugs (the zoo's, clause coverage's)."""
+    return tuple(family for family in families() if family.seeded)
+
+
 def family_of(name: str) -> Family | None:
     return next((family for family in families() if name.startswith(family.prefix)), None)
 
@@ -150,7 +159,8 @@ def adapter(name: str) -> Any | None:
     members = family.members()
     if slug not in members:
         why = f" ({slug}: {family.left_out()[slug]})" if slug in family.left_out() else ""
-        raise UnknownMember(f"unknown mutant of {family.shown_as} {name!r}{why}; the family has "
+        kind = "mutant of" if family.seeded else "member of"
+        raise UnknownMember(f"unknown {kind} {family.shown_as} {name!r}{why}; the family has "
                             + ", ".join(f"{family.prefix}{member}" for member in members))
     return members[slug]
 
@@ -158,8 +168,11 @@ def adapter(name: str) -> Any | None:
 def known_adapters() -> str:
     """The registered names and every family's members, for an error message."""
     members = [f"{family.shown_as}: " + ", ".join(f"{family.prefix}{slug}" for slug in family.members())
-               for family in families()]
-    return ", ".join(ep.name for ep in registered(ADAPTERS)) + "; seeded bugs in " + "; in ".join(members)
+               for family in seeded_families()]
+    releases = [f"{family.shown_as}: {family.prefix}<member> ({len(family.members())} members)"
+                for family in families() if not family.seeded]
+    return (", ".join(ep.name for ep in registered(ADAPTERS)) + "; " + "; ".join(releases)
+            + "; seeded bugs in " + "; in ".join(members))
 
 
 def divergences() -> list[tuple[str, Any, list]]:

@@ -285,8 +285,8 @@ def test_citations(tests: Path, clauses: dict[str, Clause], definitions: SpecInd
 def mutants() -> Iterator[Citation]:
     """The members of every registered family (kvspec.conformance.harness.families), where its
     engine is installed or not: a family's members are importable without it."""
-    from ..harness.families import families
-    for family in sorted(families(), key=lambda f: f.prefix):
+    from ..harness.families import seeded_families
+    for family in sorted(seeded_families(), key=lambda f: f.prefix):
         for slug, mutant in sorted(family.members().items()):
             yield Citation("mutant", f"{family.prefix}{slug}", where(inspect.getsourcefile(mutant), mutant.__name__),
                            {mutant.clause: f"breaks it ({mutant.invariant_class}) in {family.shown_as}, "

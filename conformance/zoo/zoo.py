@@ -24,7 +24,7 @@ from referencing import Registry, Resource
 
 from kvspec.spec.invariants import INVARIANTS
 
-from ..harness.families import CRASH, Family, families
+from ..harness.families import CRASH, Family, seeded_families
 from ..harness.isolation import run_jobs
 from ..harness.profiles import PROFILES
 from ..harness.protocol import AdapterError, load_adapter
@@ -42,7 +42,7 @@ IMPLEMENTATION_ORDER = {"reference": 0, "sglang": 1, "vllm": 2}
 
 def ordered_families() -> list[Family]:
     """Every registered family, in the table's order."""
-    return sorted(families(), key=lambda f: (IMPLEMENTATION_ORDER.get(f.implementation, len(IMPLEMENTATION_ORDER)),
+    return sorted(seeded_families(), key=lambda f: (IMPLEMENTATION_ORDER.get(f.implementation, len(IMPLEMENTATION_ORDER)),
                                              f.prefix))
 
 

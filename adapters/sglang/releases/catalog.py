@@ -1,0 +1,165 @@
+"""The `sglang@` family: every SGLang release from 0.5.14 to 0.5.23, each tree it has,
+each SWA knob it reads. A member is `sglang@<release>[-<tree>][+<knob>...]`:
+
+  sglang@0.5.18                 the release as it ships: its default tree, default knobs
+  sglang@0.5.19-rust            another tree of that release
+  sglang@0.5.17+chunk-release   a knob turned from its default
+
+Trees: `legacy` (SWARadixCache, 0.5.14 - 0.5.20, the default up to 0.5.15), `python`
+(UnifiedRadixCache with its Python tree, the default 0.5.16 - 0.5.20), `rust` (its Rust
+tree core, shipped 0.5.19, the default from 0.5.21). Knobs (SGLang environment variables,
+set for each engine): `chunk-release` / `no-chunk-release`
+(SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, off up to 0.5.17, on from 0.5.18; the
+unified tree reads it), `drop-margin` (SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, read only by
+0.5.14), `early-swa-unlock` (SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW, every release,
+off by default). The decode eviction interval is a parameter of each run (`I`), not a
+member. docs/engines/sglang-releases.md has the evidence for every fact here.
+
+Each member declares the policy version its release implements (spec/window.py):
+retention `W + P` in 0.5.14 (`design-margin`; `drop-margin` with that knob),
+`max(W, P)` in 0.5.15 - 0.5.22 (`max-window-page`), `ceil_page(max(W, P))` in 0.5.23.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+
+from kvspec.conformance.harness.families import Family
+
+from .environment import RELEASES, activate, install_command
+
+KNOBS = {
+    "chunk-release": ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "1"),
+    "no-chunk-release": ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "0"),
+    "drop-margin": ("SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN", "1"),
+    "early-swa-unlock": ("SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "1"),
+}
+GENERATIONS = {
+    # first release of an API generation: the module of its engine shim (releases/api_*.py)
+    "0.5.14": "api_0_5_14", "0.5.16": "api_0_5_16", "0.5.17": "api_0_5_17", "0.5.19": "api_0_5_19",
+    "0.5.21": "api_0_5_21", "0.5.22": None,  # None: adapters/sglang/engine.py itself
+}
+
+
+def key(release: str) -> tuple[int, ...]:
+    return tuple(int(part.removeprefix("post")) for part in release.split("."))
+
+
+@dataclass(frozen=True)
+class Release:
+    release: str
+
+    @property
+    def generation(self) -> str:
+        return max((first for first in GENERATIONS if key(first) <= key(self.release)), key=key)
+
+    @property
+    def trees(self) -> tuple[str, ...]:
+        k = key(self.release)
+        return tuple(tree for tree, present in (("legacy", k <= (0, 5, 20)), ("python", True),
+                                                ("rust", k >= (0, 5, 19))) if present)
+
+    @property
+    def default_tree(self) -> str:
+        k = key(self.release)
+        return "legacy" if k < (0, 5, 16) else "python" if k < (0, 5, 21) else "rust"
+
+    @property
+    def chunk_release_default(self) -> bool:
+        return key(self.release) >= (0, 5, 18)
+
+    def knobs(self, tree: str) -> tuple[str, ...]:
+        """The knobs a member of this tree may turn from their default."""
+        knobs = ["early-swa-unlock"]
+        if tree != "legacy":
+            knobs.insert(0, "no-chunk-release" if self.chunk_release_default else "chunk-release")
+        if self.release == "0.5.14":
+            knobs.append("drop-margin")
+        return tuple(knobs)
+
+    def policy_version(self, knobs: tuple[str, ...]) -> str:
+        if self.release == "0.5.14":
+            return "drop-margin" if "drop-margin" in knobs else "design-margin"
+        return "sglang-0.5.23" if self.release == "0.5.23" else "max-window-page"
+
+
+def engine_class(release: Release):
+    module = GENERATIONS[release.generation]
+    if module is None:
+        from ..engine import SglangEngine
+        return SglangEngine
+    from importlib import import_module
+    return import_module(f"{__package__}.{module}").Engine
+
+
+def make_engine(config, release: Release, tree: str, knobs: tuple[str, ...]):
+    activate(release.release)
+    return engine_class(release)(config, tree=tree, release=release.release,
+                                 policy_version=release.policy_version(knobs),
+                                 environment={variable: value for variable, value in map(KNOBS.get, knobs)})
+
+
+def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
+    activate(release)
+    from ..allocator import SglangAllocatorAdapter
+    return SglangAllocatorAdapter(size_full, size_swa, page_size)
+
+
+ALLOCATOR_TIER_FROM = (0, 5, 20)
+"""Before 0.5.20 the hybrid allocator lacks the segment frees the allocator tier calls
+(free_segment, free_swa_segment, free_full_segment): those members have the engine tier only."""
+
+
+def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
+    name = (f"sglang@{release.release}" + ("" if tree == release.default_tree else f"-{tree}")
+            + "".join(f"+{knob}" for knob in knobs))
+    attributes = dict(
+        __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
+        name=name, release=release.release, tree=tree, knobs=knobs,
+        policy_version=release.policy_version(knobs),
+        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill"),
+        observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
+        preload="kvspec.adapters.sglang.releases.preload",
+        make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
+    if key(release.release) >= ALLOCATOR_TIER_FROM and not knobs and tree == release.default_tree:
+        attributes["make_allocator"] = staticmethod(partial(make_allocator, release=release.release))
+    return type(name.replace("@", "_").replace(".", "_").replace("-", "_").replace("+", "_"), (), attributes)
+
+
+def members() -> dict[str, type]:
+    found = {}
+    for release in map(Release, RELEASES):
+        for tree in release.trees:
+            for knobs in ((), *((knob,) for knob in release.knobs(tree))):
+                adapter = member(release, tree, knobs)
+                found[adapter.name.removeprefix("sglang@")] = adapter
+    return found
+
+
+class Members(Mapping):
+    """The family's members; looking one up makes its release this process's SGLang
+    (environment.activate), before the harness starts its forkserver, so that the
+    workers it forks import that release too."""
+
+    def __init__(self):
+        self.members = members()
+
+    def __getitem__(self, slug: str) -> type:
+        adapter = self.members[slug]
+        activate(adapter.release)
+        return adapter
+
+    def __contains__(self, slug) -> bool:
+        return slug in self.members
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def __len__(self):
+        return len(self.members)
+
+
+MEMBERS = Members()
+FAMILY = Family(prefix="sglang@", implementation="sglang", shown_as="SGLang's releases",
+                members_at="kvspec.adapters.sglang.releases.catalog:MEMBERS", seeded=False,
+                install=install_command("RELEASE"))
