@@ -1,20 +1,44 @@
-"""`python -m kvspec.adapters.sglang.releases install RELEASE|all`: see environment.py."""
+"""`python -m kvspec.adapters.sglang.releases`: install releases, run the history matrix,
+write its table, replay the regression vectors. See environment.py, history.py, regressions.py."""
 
 import argparse
+from pathlib import Path
 
 from .environment import RELEASES, install
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m kvspec.adapters.sglang.releases",
-                                     description="Install SGLang releases for kvspec's sglang@ adapters.")
+                                     description="SGLang's releases, for kvspec's sglang@ adapters.")
     sub = parser.add_subparsers(dest="command", required=True)
     add = sub.add_parser("install", help="install releases (wheel only, --no-deps) into their own folders")
     add.add_argument("releases", nargs="+", metavar="RELEASE", help=f"one of {', '.join(RELEASES)}, or all")
+    run = sub.add_parser("history", help="kvspec check of every member (or --members), one process each")
+    run.add_argument("--profile", default="ci", choices=("quick", "ci", "deep"))
+    run.add_argument("--out", type=Path, required=True, help="folder for the shard's JSON, reports and traces")
+    run.add_argument("--shard", metavar="I/N", help="run the I-th of N shards of the members")
+    run.add_argument("--members", nargs="+", metavar="PREFIX", help="only members whose name starts so")
+    run.add_argument("-n", "--workers", type=int, default=2)
+    merge = sub.add_parser("table", help="merge history shards into sglang-history.md and .json")
+    merge.add_argument("shards", nargs="+", type=Path)
+    merge.add_argument("--out", type=Path, default=Path("docs"))
+    regress = sub.add_parser("regressions", help="replay the regression vectors on releases (one process each)")
+    regress.add_argument("releases", nargs="*", metavar="RELEASE", help="default: every installed release")
     args = parser.parse_args()
-    for release in RELEASES if args.releases == ["all"] else args.releases:
-        print(f"SGLang {release}: {install(release)}", flush=True)
+    if args.command == "install":
+        for release in RELEASES if args.releases == ["all"] else args.releases:
+            print(f"SGLang {release}: {install(release)}", flush=True)
+        return 0
+    if args.command == "history":
+        from .history import history
+        history(args.profile, args.out, args.shard, args.members, args.workers)
+        return 0
+    if args.command == "table":
+        from .history import table
+        return table(args.shards, args.out)
+    from .regressions import report
+    return report(args.releases)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
