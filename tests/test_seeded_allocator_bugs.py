@@ -283,3 +283,56 @@ class DedupingPool(PoolAllocator):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_free_accepting_a_slot_twice_breaks_alloc_6(page_size):
     assert_caught(with_pools(full_class=DedupingPool, swa_class=DedupingPool), page_size, "ALLOC-6")
+
+
+# -- an allocator without capability atomic_alloc_decode: still called without room --------------
+
+WITHOUT_ATOMIC_DECODE = frozenset({"swa_tail", "free_groups", "refuses_misuse"})
+
+
+def run_without_atomic_decode(allocator_class, page_size: int):
+    machine = allocator_machine(adapter_for(allocator_class), page_size, WITHOUT_ATOMIC_DECODE)
+    run_state_machine_as_test(seed(SEED)(machine), settings=SETTINGS)
+
+
+def test_a_decode_that_keeps_its_full_page_is_charged_to_the_failed_call_and_the_rest_still_checks():
+    """SGLang's known divergence (SGL-6), modelled by NonAtomicDecode: without the
+    capability the machine still calls alloc_decode without room; what the failed call kept
+    is charged to it, so conservation and the drain hold."""
+    run_without_atomic_decode(NonAtomicDecode, 4)
+
+
+class GreedyFailedDecode(NonAtomicDecode):
+    """A failed decode that keeps more full pages than the decode asked for."""
+
+    def alloc_decode(self, seq_lens, last_loc):
+        if self.swa.available_size() < self.page_size and self.full.available_size() >= 2 * self.page_size:
+            self.full.take_pages(2)  # BUG: two pages for a one-page decode, then fails
+            return OutOfMemory("swa", 1, 0)
+        return super().alloc_decode(seq_lens, last_loc)
+
+
+class MappedFailedDecode(NonAtomicDecode):
+    """A failed decode that leaves the full slot it kept mapped to the padding SWA slot's
+    neighbour, a free SWA slot."""
+
+    def alloc_decode(self, seq_lens, last_loc):
+        before = set(self.full.free_pages.tolist())
+        result = super().alloc_decode(seq_lens, last_loc)
+        if isinstance(result, OutOfMemory):
+            for page in before - set(self.full.free_pages.tolist()):  # BUG: a peer that no one holds
+                self.mapping[page * self.page_size] = self.page_size
+        return result
+
+
+def test_a_failed_decode_may_not_keep_more_than_it_asked_for():
+    with pytest.raises(Exception) as info:
+        run_without_atomic_decode(GreedyFailedDecode, 4)
+    assert "[ALLOC-4] a failed alloc_decode of 1 page(s) per pool kept 2 full" in failure_text(info.value)
+
+
+def test_what_a_failed_decode_kept_is_still_checked():
+    with pytest.raises(Exception) as info:
+        run_without_atomic_decode(MappedFailedDecode, 4)
+    text = failure_text(info.value)
+    assert re.search(r"\[(I5|MAP-\d|I4)[^\]]*\]", text), text

@@ -11,6 +11,7 @@ SGLang raises on its contract checks becomes `InvalidFree`/`InvalidAllocation`, 
 harness then checks that the refused call changed nothing.
 """
 
+import inspect
 from collections.abc import Sequence
 
 from kvspec.spec.accounting import AllocatorState, PartialMapping, PoolState
@@ -23,9 +24,12 @@ from .runtime import sglang
 def build_allocator(size_full: int, size_swa: int, page_size: int):
     """SGLang's hybrid allocator over a real SWAKVPool with the smallest buffers."""
     s = sglang()
+    # 0.5.14's SWAKVPool also requires enable_kvcache_transpose (it asserts it is off)
+    extra = {"enable_kvcache_transpose": False} if "enable_kvcache_transpose" in inspect.signature(
+        s.SWAKVPool).parameters else {}
     kvcache = s.SWAKVPool(size=size_full, size_swa=size_swa, page_size=page_size, dtype=s.torch.bfloat16,
                           head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                          device="cpu")
+                          device="cpu", **extra)
     return s.SWATokenToKVPoolAllocator(size=size_full, size_swa=size_swa, page_size=page_size,
                                        dtype=s.torch.bfloat16, device="cpu", kvcache=kvcache, need_sort=False)
 

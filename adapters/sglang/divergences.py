@@ -62,11 +62,12 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
            "mem_cache/allocator/swa.py:532-575 _free_swa_pages (expect _SWA_PEER_MAPPED)",
            setup=(("release_swa", {"sequence": 0, "pages": 1, "set_shaped": False}),)),
     SglangDivergence(
-        "SGL-6", ("ALLOC-4",), "a failed alloc_decode keeps the full page it took",
-        "alloc_decode runs the full sub-allocator, then the SWA one; when only the SWA pool is out of pages it "
-        "returns None but the full page it took is neither returned nor mapped: a leak (I2) unless the caller "
-        "crashes. SGLang's scheduler never calls it without room (check_decode_capacity, then a RuntimeError on "
-        "None), so the engine tier never sees it; the allocator tier, which calls without a capacity check, does.",
+        "SGL-6", ("ALLOC-4",), "a failed alloc_decode keeps the page it took from the other pool",
+        "alloc_decode runs the full sub-allocator, then the SWA one, and returns None if either is short: when only "
+        "the SWA pool is out of pages the full page it took is neither returned nor mapped (a leak, I2), and when "
+        "only the full pool is, the SWA page it took is (I3). SGLang's scheduler never calls it without room "
+        "(check_decode_capacity, then a RuntimeError on None), so the engine tier never sees it; the allocator "
+        "tier calls it without room too and charges what it kept to the failed call (spec ALLOC-4).",
         "mem_cache/allocator/swa.py:430-465 alloc_decode",
         "allocator", {"page_size": 4, "size_full": 32, "size_swa": 4},
         (("new_sequence", {"length": 4}), ("decode", {"sequence": 0})), steered_by="atomic_alloc_decode"),

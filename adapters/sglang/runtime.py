@@ -131,9 +131,16 @@ def locate(candidates: tuple[str, ...]):
     return None
 
 
+BEFORE_IMPORT: list = []
+"""Functions run just before this process imports SGLang: a release adapter's workarounds
+for an import that fails beside kvspec's pinned packages (adapters/sglang/releases/)."""
+
+
 def import_sglang() -> types.SimpleNamespace:
     """SGLang's classes and functions the adapters drive (imports take about 5-15 s)."""
     install_torchvision_stub_if_needed()
+    for hook in BEFORE_IMPORT:
+        hook()
     logging.getLogger("sglang").setLevel(logging.CRITICAL)  # a failed allocation logs a page of state
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Only CUDA ... support AWQ/GGUF": true, and irrelevant here

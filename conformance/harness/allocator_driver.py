@@ -45,12 +45,17 @@ class Sequence:
 
 
 class AllocatorDriver:
-    def __init__(self, allocator, page_size: int, observables: frozenset[str], log=lambda line: None):
+    def __init__(self, allocator, page_size: int, observables: frozenset[str], log=lambda line: None,
+                 atomic_decode: bool = True):
         self.allocator = allocator
         self.P = page_size
         self.observables = observables
         self.log = log  # where each call is written as it is made (Hypothesis' note())
         self.sequences: list[Sequence] = []
+        self.atomic_decode = atomic_decode
+        """False: a failed alloc_decode may keep what it took (no capability atomic_alloc_decode)."""
+        self.kept: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+        """Full and SWA pages failed non-atomic decodes kept: charged to them (AllocatorView.kept)."""
         self.group_open = False
         self.tally = Tally()
         self.checks = Checks(AllocatorView, observables)
@@ -97,7 +102,8 @@ class AllocatorDriver:
     def check(self) -> tuple[int, int]:
         """Every allocator invariant; returns the free page counts it read."""
         state = self.state()
-        violations = self.checks.violations(self.tally, AllocatorView(state, tuple(s.held() for s in self.sequences)))
+        held = tuple(s.held() for s in self.sequences)
+        violations = self.checks.violations(self.tally, AllocatorView(state, held, self.kept))
         if violations:
             raise InvariantViolation.of(violations)
         full, swa = self.free_page_counts()
@@ -190,9 +196,35 @@ class AllocatorDriver:
         seq_len = len(s.row) + 1
         before = self.before()
         pages = new_pages_for_decode(seq_len, self.P)
-        slots = self.expect_allocation(self.call("alloc_decode", [seq_len], [s.row[-1]]), pages, pages, before, 1)
+        result = self.call("alloc_decode", [seq_len], [s.row[-1]])
+        if not self.atomic_decode and not new_pages_available(pages, pages, *before[0]):
+            return self.failed_without_room(result, pages, before)
+        slots = self.expect_allocation(result, pages, pages, before, 1)
         if slots is not None:
             s.row.extend(slots)
+
+    def failed_without_room(self, result, pages: int, before) -> None:
+        """[ALLOC-2] A decode without room, on an allocator whose failed alloc_decode may
+        keep what it took (SGLang's keeps the full page: its known divergence from ALLOC-4).
+        It must still fail; it may keep at most the pages it asked for, in each pool; what it
+        kept is charged to the failed call (AllocatorView.kept), so that every other
+        invariant keeps checking the rest (a kept full slot must still map to 0, I5)."""
+        if not isinstance(result, OutOfMemory):
+            raise InvariantViolation(f"alloc_decode of {pages} page(s) per pool succeeded without room", ["ALLOC-2"])
+        self.outcome = Outcome.OUT_OF_MEMORY
+        self.log(f"  -> {result}")
+        self.tally.skip("atomicity", "adapter lacks capability atomic_alloc_decode")
+        if "free_sets" not in self.observables:
+            return
+        then, now = before[1], self.state()
+        kept_full = sorted(set(then.full.free_pages) - set(now.full.free_pages))
+        kept_swa = sorted(set(then.swa.free_pages) - set(now.swa.free_pages))
+        if len(kept_full) > pages or len(kept_swa) > pages:
+            raise InvariantViolation(f"a failed alloc_decode of {pages} page(s) per pool kept {len(kept_full)} full "
+                                     f"and {len(kept_swa)} SWA pages", ["ALLOC-4"])
+        if kept_full or kept_swa:
+            self.log(f"  kept by the failed call: full pages {kept_full}, SWA pages {kept_swa}")
+            self.kept = (self.kept[0] + tuple(kept_full), self.kept[1] + tuple(kept_swa))
 
     def fork(self, parent: int, prefix_pages: int, length: int, tail: int | None):
         """A new sequence on a page-aligned prefix of another (a prefix-cache hit), grown by a
@@ -277,9 +309,11 @@ class AllocatorDriver:
         self.sequences.clear()
         self.check()  # the frees themselves conform (a duplicate is I1, not a leak)
         state = self.state()
-        leaked = (state.full.num_pages - len(state.full.free_pages), state.swa.num_pages - len(state.swa.free_pages))
+        kept = tuple(map(len, self.kept))  # charged to failed calls (failed_without_room)
+        leaked = (state.full.num_pages - len(state.full.free_pages) - kept[0],
+                  state.swa.num_pages - len(state.swa.free_pages) - kept[1])
         full, swa = self.free_page_counts()
-        leaked_counts = (state.full.num_pages - full, state.swa.num_pages - swa)
+        leaked_counts = (state.full.num_pages - full - kept[0], state.swa.num_pages - swa - kept[1])
         if leaked != (0, 0) or leaked_counts != (0, 0):
             leaked = tuple(map(max, leaked, leaked_counts))
             raise InvariantViolation(f"after freeing everything, {leaked[0]} full and "

@@ -45,11 +45,14 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             config = {"page_size": P, "size_full": full_pages * P, "size_swa": swa_pages * P}
             self.start_example(config)
             allocator = make_allocator(config["size_full"], config["size_swa"], P)
-            driver = AllocatorDriver(allocator, P, self.observables, log=note)
+            atomic = "atomic_alloc_decode" in self.capabilities
+            driver = AllocatorDriver(allocator, P, self.observables, log=note, atomic_decode=atomic)
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 other = shadow.make_allocator(config["size_full"], config["size_swa"], P)
-                driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables))
+                driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables,
+                                                                    atomic_decode="atomic_alloc_decode" in shadow.capabilities))
             self.driver = driver
+            self.shadowed = shadow is not None
 
         @property
         def sequences(self):
@@ -81,12 +84,12 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         @rule(data=st.data())
         def decode(self, data):
             sequence = self.index(data)
-            if "atomic_alloc_decode" not in self.capabilities and not self.driver.decode_fits(sequence):
-                # The adapter's alloc_decode may keep what it took when it fails (SGLang's
-                # does); like SGLang's scheduler, do not call it without room.
+            if self.shadowed and "atomic_alloc_decode" not in self.capabilities and not self.driver.decode_fits(sequence):
+                # A failed alloc_decode that keeps what it took (SGLang's does) leaves the two
+                # sides of a differential run apart for good: there, do not call it without room.
                 self.driver.tally.skip("atomicity", "adapter lacks capability atomic_alloc_decode")
                 return
-            self.run("decode", sequence=sequence)
+            self.run("decode", sequence=sequence)  # without room, too: driver.failed_without_room
 
         @precondition(lambda self: self.sequences)
         @rule(data=st.data(), prefix_pages=st.integers(0, 3), length=lengths, use_tail=st.booleans())

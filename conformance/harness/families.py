@@ -147,6 +147,11 @@ class UnknownMember(LookupError):
     """A name with a family's prefix but no such member."""
 
 
+class UnavailableMember(LookupError):
+    """A member that exists but cannot be used here (a family raises it, saying how to
+    install what the member needs)."""
+
+
 def adapter(name: str) -> Any | None:
     """The adapter registered as `name`, or the family member it names; None if neither."""
     found = [ep for ep in registered(ADAPTERS) if ep.name == name]

@@ -112,7 +112,7 @@ def resolve(spec: str) -> Any:
     """The object an adapter spec names."""
     try:
         registered = families.adapter(spec)
-    except families.UnknownMember as error:
+    except (families.UnknownMember, families.UnavailableMember) as error:
         raise AdapterError(str(error)) from None
     if registered is not None:
         return registered

@@ -79,7 +79,8 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
         if adapter.make_allocator is None:
             raise AdapterError(f"adapter {adapter.name!r} has no allocator tier, but the trace is an allocator trace")
         return AllocatorDriver(adapter.make_allocator(config["size_full"], config["size_swa"], config["page_size"]),
-                               config["page_size"], observables, log=log)
+                               config["page_size"], observables, log=log,
+                               atomic_decode="atomic_alloc_decode" in adapter.capabilities)
     if adapter.make_engine is None:
         raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
     engine_config: EngineConfig = trace.engine_config()

@@ -20,7 +20,7 @@ from ..accounting import (
     mapping_violations,
     ownership_violations,
 )
-from ..notation import Violation
+from ..notation import PageId, Violation
 from ..registry import invariant, violations
 
 
@@ -31,6 +31,16 @@ class AllocatorView:
 
     state: AllocatorState
     held: tuple[HeldSequence, ...]
+    kept: tuple[tuple[PageId, ...], tuple[PageId, ...]] = ((), ())
+    """Full and SWA pages that failed allocations kept, on an allocator that says its failed
+    alloc_decode may keep what it took (ALLOC-4): charged to those calls, so that every
+    invariant keeps checking the rest (a kept full slot still maps to 0, I5)."""
+
+    def full_pages(self) -> list[PageId]:
+        return [*held_full_pages(self.held, self.state.page_size), *self.kept[0]]
+
+    def swa_pages(self) -> list[PageId]:
+        return [*held_swa_pages(self.held, self.state.mapping, self.state.page_size), *self.kept[1]]
 
 
 @invariant("I1", "leak", reads={"free_sets"})
@@ -42,22 +52,20 @@ def allocator_free_list_violations(now: AllocatorView) -> list[Violation]:
 @invariant("I2", "leak", reads={"free_sets"})
 def allocator_full_conservation_violations(now: AllocatorView) -> list[Violation]:
     """[I2] free + pending + held full pages == all full pages."""
-    return conservation_violations(now.state.full, held_full_pages(now.held, now.state.page_size), "I2")
+    return conservation_violations(now.state.full, now.full_pages(), "I2")
 
 
 @invariant("I3", "leak", reads={"free_sets", "mapping"})
 def allocator_swa_conservation_violations(now: AllocatorView) -> list[Violation]:
     """[I3] free + pending + held SWA pages == all SWA pages."""
-    state = now.state
-    return conservation_violations(state.swa, held_swa_pages(now.held, state.mapping, state.page_size), "I3")
+    return conservation_violations(now.state.swa, now.swa_pages(), "I3")
 
 
 @invariant("I4", "ownership", reads={"free_sets", "mapping"})
 def allocator_ownership_violations(now: AllocatorView) -> list[Violation]:
     """[I4] Each held page, full or SWA, has one holder and is not free."""
-    state = now.state
-    return [*ownership_violations(state.full, held_full_pages(now.held, state.page_size)),
-            *ownership_violations(state.swa, held_swa_pages(now.held, state.mapping, state.page_size))]
+    return [*ownership_violations(now.state.full, now.full_pages()),
+            *ownership_violations(now.state.swa, now.swa_pages())]
 
 
 @invariant("I5", "mapping", reads={"mapping"})

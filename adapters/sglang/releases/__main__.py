@@ -18,6 +18,7 @@ def main() -> int:
     run.add_argument("--out", type=Path, required=True, help="folder for the shard's JSON, reports and traces")
     run.add_argument("--shard", metavar="I/N", help="run the I-th of N shards of the members")
     run.add_argument("--members", nargs="+", metavar="PREFIX", help="only members whose name starts so")
+    run.add_argument("--defaults", action="store_true", help="only each tree at its release's default knobs")
     run.add_argument("-n", "--workers", type=int, default=2)
     merge = sub.add_parser("table", help="merge history shards into sglang-history.md and .json")
     merge.add_argument("shards", nargs="+", type=Path)
@@ -31,7 +32,7 @@ def main() -> int:
         return 0
     if args.command == "history":
         from .history import history
-        history(args.profile, args.out, args.shard, args.members, args.workers)
+        history(args.profile, args.out, args.shard, args.members, args.workers, args.defaults)
         return 0
     if args.command == "table":
         from .history import table

@@ -92,6 +92,13 @@ def engine_class(release: Release):
     return import_module(f"{__package__}.{module}").Engine
 
 
+def shim_modules(release: Release) -> tuple[str, ...]:
+    """The release's engine shim, for the forkserver to import before SGLang: a shim may
+    register what must run first (runtime.BEFORE_IMPORT)."""
+    module = GENERATIONS[release.generation]
+    return () if module is None else (f"{__package__}.{module}",)
+
+
 def make_engine(config, release: Release, tree: str, knobs: tuple[str, ...]):
     activate(release.release)
     return engine_class(release)(config, tree=tree, release=release.release,
@@ -102,6 +109,9 @@ def make_engine(config, release: Release, tree: str, knobs: tuple[str, ...]):
 def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
     activate(release)
     from ..allocator import SglangAllocatorAdapter
+    from ..runtime import sglang
+    from .api_0_5_21 import use_cpu_kernels
+    use_cpu_kernels(sglang())  # a no-op from 0.5.22
     return SglangAllocatorAdapter(size_full, size_swa, page_size)
 
 
@@ -119,7 +129,7 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         policy_version=release.policy_version(knobs),
         capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill"),
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
-        preload="kvspec.adapters.sglang.releases.preload",
+        preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),
         make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
     if key(release.release) >= ALLOCATOR_TIER_FROM and not knobs and tree == release.default_tree:
         attributes["make_allocator"] = staticmethod(partial(make_allocator, release=release.release))

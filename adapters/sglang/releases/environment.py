@@ -20,12 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvspec.conformance.harness.families import UnavailableMember
+
 RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
             "0.5.22", "0.5.23")
 """Every release from the first with the window-release hook (0.5.14) to the newest."""
 
 
-class ReleaseNotInstalled(RuntimeError):
+class ReleaseNotInstalled(UnavailableMember):
     """The named release has no folder yet (say how to install it)."""
 
 

@@ -5,7 +5,7 @@ tree x knob), one process per member, and the table of what each found.
     python -m kvspec.adapters.sglang.releases table DIR/history*.json --out docs
 
 `history` runs its shard of the members (all by default; `--members` picks some by name
-prefix) and writes `DIR/history[-I-of-N].json`, with each member's own report and traces
+prefix, `--defaults` only each tree at its release's default knobs) and writes `DIR/history[-I-of-N].json`, with each member's own report and traces
 beside it; separate machines or CI jobs run one shard each. `table` merges the shards'
 JSON into `sglang-history.json` and `sglang-history.md`. A violation in the table names
 the finding that explains it (findings.py); one no finding explains is marked
@@ -52,9 +52,11 @@ def shard(names: list[str], spec: str | None) -> list[str]:
     return names[index - 1::count]
 
 
-def chosen(prefixes: list[str] | None) -> list[str]:
-    names = sorted((f"sglang@{slug}" for slug in MEMBERS), key=lambda name: (key(MEMBERS.members[
-        name.removeprefix("sglang@")].release), name))
+def chosen(prefixes: list[str] | None, defaults: bool = False) -> list[str]:
+    """Members by release; those whose name starts with one of `prefixes`; with `defaults`,
+    only those at their release's default knobs (each tree)."""
+    names = sorted((f"sglang@{slug}" for slug, adapter in MEMBERS.members.items() if not (defaults and adapter.knobs)),
+                   key=lambda name: (key(MEMBERS.members[name.removeprefix("sglang@")].release), name))
     return [name for name in names if not prefixes or any(name.startswith(prefix) for prefix in prefixes)]
 
 
@@ -83,8 +85,9 @@ def check(member: str, profile: str, workers: int, out: Path) -> Cell:
     return Cell(**cell, verdict=verdict, runs=runs, seconds=seconds)
 
 
-def history(profile: str, out: Path, shard_spec: str | None, members: list[str] | None, workers: int) -> Path:
-    names = shard(chosen(members), shard_spec)
+def history(profile: str, out: Path, shard_spec: str | None, members: list[str] | None, workers: int,
+            defaults: bool = False) -> Path:
+    names = shard(chosen(members, defaults), shard_spec)
     out.mkdir(parents=True, exist_ok=True)
     cells = []
     for number, member in enumerate(names, 1):

@@ -1,0 +1,98 @@
+"""SGLang 0.5.14, 0.5.15 and 0.5.15.post1: the oldest request API, and the legacy tree.
+Lines are of the 0.5.14 wheel's `sglang/srt/` unless marked 0.5.15.
+
+* Trees: `legacy` is `SWARadixCache(params)`, the default for a hybrid SWA model
+  (`mem_cache/registry.py:114-117`, 0.5.15 `:119-126`); `python` is
+  `UnifiedRadixCache`, which the registry builds only with
+  `SGLANG_ENABLE_UNIFIED_RADIX_TREE=1` (`:98-99`, `:142-166`), set here for it.
+  The legacy tree is walked by legacy_tree.py.
+* KV fields all on the `Req`: `req_pool_idx`, `cache_protected_len`,
+  `kv_allocated_len`, `kv_committed_len`, `swa_evicted_seqlen`
+  (`managers/schedule_batch.py:737-750, 865-869`). The scheduler sets the two lengths
+  after each allocation: `prepare_for_extend` (`:2066-2068`) and `prepare_for_decode`
+  (`:2638-2641`).
+* Lock: `req.swa_uuid_for_lock = tree.inc_lock_ref(req.last_node).swa_uuid_for_lock`
+  (`managers/schedule_policy.py:669-672`), released with
+  `dec_lock_ref(req.last_node, DecLockRefParams(swa_uuid_for_lock=...))`, as the
+  caches' own finish does (`mem_cache/swa_radix_cache.py:478-482`).
+* Extend range (0.5.14 only): `set_extend_input_len(n)` and `req.fill_len`
+  (`managers/schedule_policy.py:723-724`); 0.5.15 has `set_extend_range` already
+  (0.5.15 `managers/schedule_batch.py:1101`), as the newer shims drive it.
+* Checkpoint: `maybe_cache_unfinished_req(req, tree, chunked=True)` for a chunk
+  (`managers/scheduler.py:2464-2465`), without `chunked` after the last
+  (`managers/scheduler_components/batch_result_processor.py:242`). Finish / abort:
+  `release_kv_cache(req, tree, is_insert=...)` (`mem_cache/common.py:629`).
+* Decode gate: `ScheduleBatch.check_decode_mem()` (`managers/schedule_batch.py:2441-2444`,
+  the retract loop's, `managers/scheduler.py:3010`); no `check_decode_capacity` yet.
+  Eviction for an allocation: `evict_from_tree_cache` (`mem_cache/common.py:291-314`).
+* `SWAKVPool` requires `enable_kvcache_transpose` in 0.5.14 (`mem_cache/swa_memory_pool.py:32`):
+  allocator.build_allocator passes it where the signature has it.
+"""
+
+from functools import partial
+
+from kvspec.spec.pages import new_pages_for_extend
+
+from ..engine import KvFields, quiet
+from .api_0_5_16 import Engine as Engine_0_5_16
+from .api_0_5_19 import all_free_pages
+from .legacy_tree import legacy_tree_view
+
+
+class Engine(Engine_0_5_16):
+    """SGLang 0.5.14, 0.5.15, 0.5.15.post1."""
+
+    def __init__(self, config, tree: str = "legacy", environment: dict[str, str] | None = None, **kwargs):
+        if tree == "python":  # what the registry reads to build the unified tree
+            environment = {**(environment or {}), "SGLANG_ENABLE_UNIFIED_RADIX_TREE": "1"}
+        super().__init__(config, tree=tree, environment=environment, **kwargs)
+
+    def make_cache(self):
+        if self.tree_core != "legacy":
+            return super().make_cache()  # UnifiedRadixCache(CacheInitParams(..., tree_components)) as in 0.5.19
+        for pool in (self.allocator.full_attn_allocator, self.allocator.swa_attn_allocator):
+            pool.get_all_free_pages = partial(all_free_pages, pool)
+        s = self.s
+        return s.SWARadixCache(params=s.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
+            page_size=self.P, sliding_window_size=self.config.window))
+
+    def kv(self, req) -> KvFields:
+        return KvFields(req.req_pool_idx is not None, req.req_pool_idx, req.cache_protected_len,
+                        req.swa_evicted_seqlen, req.kv_allocated_len, req.kv_committed_len)
+
+    def start_extend(self, req, chunk_len: int) -> tuple[int, int, int]:
+        if hasattr(req, "set_extend_range"):  # 0.5.15
+            return super().start_extend(req, chunk_len)
+        req._refresh_fill_ids()
+        prefix_len, fill_len = len(req.prefix_indices), len(req.full_untruncated_fill_ids)
+        req.set_extend_input_len(min(chunk_len, fill_len - prefix_len))
+        req.fill_len = prefix_len + req.extend_input_len
+        return prefix_len, req.fill_len, fill_len
+
+    def extended(self, req, extend_end: int) -> None:
+        super().extended(req, extend_end)
+        req.kv_allocated_len = extend_end
+
+    def checkpoint(self, req) -> None:
+        if hasattr(req, "set_extend_range"):  # 0.5.15
+            return super().checkpoint(req)
+        chunked = req.fill_len < len(req.full_untruncated_fill_ids)
+        self.s.common.maybe_cache_unfinished_req(req, self.cache, chunked=chunked)
+
+    def decode(self, rid: str, next_token: int = 0):
+        outcome = super().decode(rid, next_token)
+        if outcome is None:  # the rest of prepare_for_decode's bookkeeping
+            self.requests[rid].kv_allocated_len += 1
+        return outcome
+
+    def extend_fits(self, prefix_len: int, seq_len: int) -> bool:
+        with quiet():  # no evict_to_free_tokens yet: the allocation path's own eviction
+            self.s.common.evict_from_tree_cache(self.cache, seq_len - prefix_len + (self.P if self.P > 1 else 0))
+        pages = new_pages_for_extend(prefix_len, seq_len, self.P)
+        return self.allocator.new_pages_available(pages, pages)
+
+    def walk_tree(self):
+        if self.tree_core == "legacy":
+            return legacy_tree_view(self.cache, self.allocator)
+        return super().walk_tree()

@@ -1,0 +1,139 @@
+"""The `sglang@` family over SGLang's releases (adapters/sglang/releases): which members
+exist and what they declare, clear errors for a release that is not installed, the
+history table (shards, merge, unexplained violations), and the regression vectors, which
+must fail on every release with their bug and pass on every other.
+
+The catalog, the table and the errors need no SGLang. The regression vectors need the
+releases installed (`python -m kvspec.adapters.sglang.releases install 0.5.18 0.5.22
+0.5.23`); CI installs them and sets KVSPEC_REQUIRE_SGLANG_RELEASES=1, which turns a
+missing release into a failure instead of a skip."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvspec.adapters.sglang.releases import environment, history
+from kvspec.adapters.sglang.releases.catalog import MEMBERS, Release
+from kvspec.adapters.sglang.releases.findings import FINDINGS, explain
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.spec.window import retention
+
+REQUIRED = os.environ.get("KVSPEC_REQUIRE_SGLANG_RELEASES") == "1"
+
+
+def test_every_release_from_0_5_14_is_a_member_with_its_default_tree():
+    assert environment.RELEASES[0] == "0.5.14" and environment.RELEASES[-1] == "0.5.23"
+    assert "0.5.15.post1" in environment.RELEASES
+    for release in environment.RELEASES:
+        assert release in MEMBERS, release
+    assert MEMBERS.members["0.5.14"].tree == "legacy"
+    assert MEMBERS.members["0.5.16"].tree == "python"
+    assert MEMBERS.members["0.5.21"].tree == "rust"
+    assert "0.5.21-legacy" not in MEMBERS  # the legacy tree is gone in 0.5.21
+    assert "0.5.18-rust" not in MEMBERS and "0.5.19-rust" in MEMBERS  # the Rust core ships in 0.5.19
+
+
+def test_each_member_declares_the_retention_its_release_shipped():
+    """W + P in 0.5.14, max(W, P) in 0.5.15 - 0.5.22, ceil_page(max(W, P)) in 0.5.23 (WIN-2)."""
+    versions = {release: MEMBERS.members[release].policy_version for release in environment.RELEASES}
+    assert versions["0.5.14"] == "design-margin"
+    assert MEMBERS.members["0.5.14+drop-margin"].policy_version == "drop-margin"
+    assert {versions[r] for r in environment.RELEASES[1:-1]} == {"max-window-page"}
+    assert versions["0.5.23"] == "sglang-0.5.23"
+    assert [retention("max-window-page", w, 4) for w in (3, 4, 6, 8)] == [4, 4, 6, 8]
+    assert [retention("sglang-0.5.23", w, 4) for w in (3, 4, 6, 8)] == [4, 4, 8, 8]
+
+
+def test_knobs_are_members_only_where_the_release_reads_them():
+    assert "0.5.14-python+drop-margin" in MEMBERS and "0.5.15-python+drop-margin" not in MEMBERS
+    assert "0.5.17+chunk-release" in MEMBERS and "0.5.18+no-chunk-release" in MEMBERS
+    assert "0.5.17+no-chunk-release" not in MEMBERS  # already its default
+    assert "0.5.14+chunk-release" not in MEMBERS  # the legacy tree has no chunk release
+
+
+def test_only_members_whose_allocator_has_the_segment_frees_have_the_allocator_tier():
+    assert MEMBERS.members["0.5.20"].__dict__.get("make_allocator") is not None
+    assert "make_allocator" not in vars(MEMBERS.members["0.5.19"])
+
+
+def test_a_release_not_installed_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSPEC_SGLANG_RELEASES", str(tmp_path))
+    with pytest.raises(environment.ReleaseNotInstalled, match=r"install it with `python -m kvspec.adapters.sglang."
+                                                               r"releases install 0.5.18`"):
+        environment.activate("0.5.18")
+    result = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", "sglang@0.5.18"],
+                            capture_output=True, text=True, env={**os.environ, "KVSPEC_SGLANG_RELEASES": str(tmp_path)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "not installed" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unknown_member_names_the_family():
+    with pytest.raises(AdapterError, match="unknown member of SGLang's releases 'sglang@0.5.99'"):
+        load_adapter("sglang@0.5.99")
+
+
+def test_shards_split_the_members_and_cover_them_once():
+    names = history.chosen(None)
+    parts = [history.shard(names, f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == sorted(names) and all(parts)
+    with pytest.raises(SystemExit, match="expected I/N"):
+        history.shard(names, "4/3")
+
+
+def cell(release, tree, clauses, knobs=()):
+    run = {"label": "engine P=4 W=6 I=4", "verdict": "violated" if clauses else "ok", "clauses": clauses,
+           "message": "", "trace": "t.jsonl" if clauses else None, "trace_steps": 2 if clauses else None,
+           "first_failure_seconds": 0.5 if clauses else None}
+    return {"member": f"sglang@{release}-{tree}", "release": release, "tree": tree, "knobs": list(knobs),
+            "policy_version": "max-window-page", "verdict": run["verdict"], "runs": [run], "seconds": 1.0}
+
+
+def test_a_violation_is_explained_only_inside_its_findings_range():
+    finding = FINDINGS[0]
+    assert explain(cell("0.5.22", "python", ["I4"]), cell("0.5.22", "python", ["I4"])["runs"][0]) == finding.id
+    for release, knobs in (("0.5.23", ()), ("0.5.14", ()), ("0.5.17", ())):
+        c = cell(release, "python", ["I4"], knobs)
+        assert explain(c, c["runs"][0]) is None, release
+    c = cell("0.5.17", "python", ["I4"], ("chunk-release",))
+    assert explain(c, c["runs"][0]) == finding.id  # before 0.5.18 it needs the chunk release turned on
+
+
+def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path):
+    explained = tmp_path / "a.json"
+    explained.write_text(json.dumps({"schema": history.SCHEMA, "profile": "ci",
+                                     "cells": [cell("0.5.22", "python", ["I4"]), cell("0.5.23", "python", [])]}))
+    assert history.table([explained], tmp_path / "out") == 0
+    text = (tmp_path / "out" / "sglang-history.md").read_text()
+    assert "checkpoint-short-rematch" in text and "I4 (engine P=4 W=6 I=4)" in text
+    unexplained = tmp_path / "b.json"
+    unexplained.write_text(json.dumps({"schema": history.SCHEMA, "profile": "ci",
+                                       "cells": [cell("0.5.23", "python", ["I4"])]}))
+    assert history.table([explained, unexplained], tmp_path / "out") == 1
+    assert "UNEXPLAINED" in (tmp_path / "out" / "sglang-history.md").read_text()
+    assert len(json.loads((tmp_path / "out" / "sglang-history.json").read_text())["cells"]) == 3
+    (tmp_path / "c.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a history shard"):
+        history.table([tmp_path / "c.json"], tmp_path / "out")
+
+
+VECTOR_RELEASES = ("0.5.17", "0.5.18", "0.5.22", "0.5.23")
+
+
+@pytest.mark.parametrize("release", VECTOR_RELEASES)
+def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere(release):
+    if not environment.installed(release):
+        if REQUIRED:
+            pytest.fail(f"SGLang {release} is not installed: {environment.install_command(release)}")
+        pytest.skip(f"SGLang {release} is not installed: {environment.install_command(release)}")
+    from kvspec.adapters.sglang.releases.regressions import replay_release
+    results = replay_release(release)
+    assert results, f"no regression vector applies to {release}"
+    for result in results:
+        assert result["as_expected"], result
+    if Release(release).release in ("0.5.18", "0.5.22"):
+        assert any(r["expected_to_fail"] and not r["conforms"] for r in results)
+    if release == "0.5.23":
+        assert all(r["conforms"] for r in results)
