@@ -42,6 +42,17 @@ from .runs.vectors import corpus_files, write_corpus
 from .zoo.zoo import add_command as add_zoo
 
 
+def positive_seconds(text: str) -> float:
+    """An option's seconds: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a finite number above 0")
+    return value
+
+
 def pictures(plot: Path | None, names: list[str]) -> dict[str, str | None]:
     """Where `--plot FILE` draws each of `names` (runs or traces): FILE itself for one,
     FILE's stem + '-' + name + its suffix for each of several."""
@@ -69,6 +80,7 @@ def check(args) -> int:
         labels = chosen
     drawn = pictures(plot, [slug(label) for label in labels])
     jobs = [Job(args.adapter, label, args.profile, args.seed, args.traces, args.differential, not args.no_shrink,
+                shrink_seconds=args.shrink_seconds, example_database=args.example_database,
                 picture=drawn[slug(label)]) for label in labels]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
@@ -201,6 +213,11 @@ def main(argv=None) -> int:
                               help="only the runs whose label contains TEXT (repeatable), e.g. 'engine P=4 W=6'")
     check_parser.add_argument("--no-shrink", action="store_true",
                               help="save the first counterexample as found, unshrunk (shrinking can take a minute)")
+    check_parser.add_argument("--shrink-seconds", type=positive_seconds, metavar="SECONDS",
+                              help="stop shrinking a counterexample after this long (default: Hypothesis' 300 s)")
+    check_parser.add_argument("--example-database", metavar="DIR",
+                              help="keep failing examples in DIR (Hypothesis' directory database) and try them "
+                                   "first: shared by checks of related adapters, e.g. the shards of a matrix")
     check_parser.add_argument("--differential", nargs="?", const="reference", metavar="ADAPTER",
                               help="also run every step on ADAPTER (default: the reference) and compare what the "
                                    "spec fixes (OBS-3)")

@@ -50,3 +50,26 @@ def test_the_seed_decides_the_run_under_ci_true_too():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             env={**os.environ, "CI": "true"})
     assert result.stdout.strip() == "[False, False, False]", result.stdout + result.stderr
+
+
+def test_an_example_database_shared_between_checks_finds_a_known_failure_first(tmp_path):
+    """`--example-database DIR` (the history matrix's shards share one): the second check
+    replays the saved failure before generating anything new."""
+    def run(seed: str):
+        return kvspec("check", "--adapter", "mutant-frontier-max-window-page", "--run", "engine P=4 W=6", "--seed",
+                      seed, "--shrink-seconds", "5", "--example-database", str(tmp_path / "examples"),
+                      "--traces", str(tmp_path))
+
+    first = run("3")
+    assert first.returncode == 1 and any((tmp_path / "examples").iterdir()), first.stdout + first.stderr
+    second = run("4")
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "VIOLATED I10" in second.stdout
+    examples = int(next(line for line in second.stdout.splitlines() if line.startswith("engine P=4 W=6")).split()[4])
+    assert examples <= 3, second.stdout
+
+
+def test_option_seconds_must_be_positive_and_finite():
+    for value in ("0", "-1", "nan", "inf", "soon"):
+        result = kvspec("check", "--shrink-seconds", value)
+        assert result.returncode == 2 and "--shrink-seconds" in result.stderr, value

@@ -119,10 +119,7 @@ def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path)
         history.table([tmp_path / "c.json"], tmp_path / "out")
 
 
-VECTOR_RELEASES = ("0.5.17", "0.5.18", "0.5.22", "0.5.23")
-
-
-@pytest.mark.parametrize("release", VECTOR_RELEASES)
+@pytest.mark.parametrize("release", environment.RELEASES)
 def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere(release):
     if not environment.installed(release):
         if REQUIRED:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hypothesis import Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis import seed as hypothesis_seed
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
@@ -102,6 +103,8 @@ class Job:
     """Stop shrinking after this long (None: Hypothesis' own limit, 300 s)."""
     picture: str | None = None
     """Where to draw the run (a .png, .svg or .pdf), or None."""
+    example_database: str | None = None
+    """A directory of Hypothesis' failing examples to try first and add to, or None (profiles.py)."""
 
 
 def slug(text: str) -> str:
@@ -145,6 +148,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
         chosen = profile(job.profile)
         if not job.shrink:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
+        if job.example_database is not None:
+            chosen = settings(chosen, database=DirectoryBasedExampleDatabase(job.example_database))
         if job.shrink_seconds is not None:
             # Hypothesis has no public setting for it; its engine reads this module global
             hypothesis_engine.MAX_SHRINKING_SECONDS = job.shrink_seconds
