@@ -10,7 +10,8 @@ from functools import partial
 from .allocator import SglangAllocatorAdapter
 from .engine import SglangEngine
 
-CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill")
+CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
+                "pd_decode")
 """Not refuses_misuse, not atomic_alloc_decode: see the known divergences."""
 
 

@@ -8,6 +8,7 @@ the scheduler calls:
 | kvspec step       | SGLang                                                              |
 |-------------------|---------------------------------------------------------------------|
 | admit             | `Req.init_next_round_input` (match), `tree_cache.lock(last_node)`   |
+| pd_admit          | `DecodePreallocQueue._match_prefix_and_lock`, `prealloc_fits`, `_pre_alloc` (pd_decode.py), then `process_prebuilt`'s checkpoint |
 | prefill_chunk     | `alloc_for_extend` on a one-request `ScheduleBatch`, then `checkpoint_kv_cache` |
 | decode            | `check_decode_capacity` (the retract loop's gate), then `alloc_for_decode` (runs `maybe_evict_swa`) |
 | finish            | `release_kv_cache(checkpoint=True)` with `finished_len` for a stop  |
@@ -30,10 +31,11 @@ from typing import NamedTuple
 
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
-from kvspec.spec.pages import new_pages_for_extend
+from kvspec.spec.pages import new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView, TwoPoolSnapshot, held_full_slots
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
+from . import pd_decode
 from .allocator import allocator_state, build_allocator
 from .runtime import publish_server_args, sglang
 from .tree_view import tree_view
@@ -216,8 +218,79 @@ class SglangEngine:
         return None
 
     def pd_admit(self, rid: str, prompt: list[int], first_output: int) -> OutOfMemory | None:
-        raise InvalidRequest("the sglang adapter does not drive SGLang's PD-decode pre-allocation "
-                             "(capability pd_decode); its allocator path is checked at the allocator tier")
+        """[LIFE-6] SGLang's decode server taking a request whose prompt KV a prefill server
+        computed: one pass of `DecodePreallocQueue.pop_preallocated` for it
+        (`disaggregation/decode.py:1333-1842`), with the decode-side radix cache on
+        (pd_decode.py). SGLang's own methods match (capped clear of the SWA tail), check
+        the budgets, reclaim SWA and pre-allocate; the adapter does what the loop does
+        between them. Then the transfer's first output token is appended
+        (`_commit_transfer_to_req`, `:2699`) and the prompt is checkpointed into the tree
+        (`process_prebuilt`, `decode_schedule_batch_mixin.py:119-122`): the request is
+        decoding.
+
+        The admission demand is the allocation's (`_required_alloc_tokens`, the SWA tail's
+        pages from `_prealloc_required_tokens`), without the `max_new_tokens` projection
+        of `_required_admission_tokens` (clipped at 4096 tokens): kvspec's requests have
+        no output limit, and each decode step allocates or fails itself. A refused budget,
+        a failed SWA reclaim (where SGLang aborts the request) or pools still short after
+        the eviction `_pre_alloc` would make is `OutOfMemory`, before SGLang allocates (its
+        allocation asserts it cannot fail)."""
+        s = self.s
+        self.refuse_misuse(EngineOperation.PD_ADMIT, rid=rid, prompt=prompt)
+        if len(self.requests) >= self.config.max_requests or self.req_to_token_pool.available_size() <= 0:
+            return OutOfMemory("requests", 1, 0)  # the row budget (pop_preallocated, `:1481`)
+        sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
+        sampling.normalize(None)
+        req = s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
+        queue = pd_decode.prealloc_queue(self)
+        with pd_decode.decode_radix_cache(), quiet():
+            # pop_preallocated, the decode-radix branch (`:1498-1544`)
+            match = queue._match_prefix_and_lock(req)
+            prefix_indices, prefix_len, total_prefix_len = match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len
+            fill_len = queue._pre_alloc_fill_len(req)
+            uses_swa_tail = queue._uses_swa_tail_prealloc()
+            if uses_swa_tail and prefix_len > 0 and hasattr(self.cache, "release_swa"):
+                self.cache.release_swa(req.lock)
+            required = queue._required_alloc_tokens(fill_len=fill_len, prefix_len=prefix_len)
+            full_budget = queue._allocatable_token_budgets(retractable_tokens=0, count_retracted=True,
+                                                           extra_reserved_reqs=0, hicache_reserved_tokens=0)
+            swa_budget = queue._swa_tail_allocatable_token_budget(
+                retractable_tokens=0, retractable_swa_tokens=0, count_retracted=True,
+                extra_reserved_reqs=0) if queue._uses_swa_reservation() else None
+            # the demand (`:1552-1569`), less the max_new_tokens projection (see above)
+            full_required = required + queue.num_reserved_decode_tokens
+            swa_required = queue._prealloc_required_tokens(req)[1] if uses_swa_tail else 0
+            swa_len = queue._prealloc_kv_lens(req)[1] if uses_swa_tail else required
+            if not queue._prealloc_reservation_fits(full_required, swa_required, full_allocatable_tokens=full_budget,
+                                                    swa_allocatable_tokens=swa_budget):
+                return self.pd_refused(req, prefix_len)  # the queue stops here (`:1571-1579`)
+            if swa_budget is not None and queue._reclaim_swa_tail_capacity(swa_len, rid, full_len=required) is not None:
+                return self.pd_refused(req, prefix_len)  # SGLang aborts the request (`:1582-1606`)
+            # `_pre_alloc` evicts the full pool's shortfall (`:2279-2300`), then asserts (`:2357`) its
+            # allocation succeeded: make that eviction first and check the pools
+            if queue._radix_full_available() < required:
+                self.cache.evict_for_alloc(s.EvictParams(num_tokens=required - queue._radix_full_available()))
+            tail = queue._swa_tail_len(fill_len)
+            swa_pages = pages_for(tail, self.P) if uses_swa_tail else fill_len - prefix_len
+            if not self.allocator.new_pages_available(new_pages_for_extend(prefix_len, fill_len, self.P), swa_pages):
+                return self.pd_refused(req, prefix_len)
+            queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)
+            req.kv.cache_protected_len = total_prefix_len  # (`:1636`)
+            # the KV arrived: the prefill server's first output (`_commit_transfer_to_req`)
+            req.output_ids.append(first_output)
+            # the prebuilt batch (`process_prebuilt`): no SWA branching window, a checkpoint
+            req.swa_branching_seqlen = None
+            self.checkpoint(req)
+        self.requests[rid] = req
+        self.finished_prefill.add(rid)
+        return None
+
+    def pd_refused(self, req, prefix_len: int) -> OutOfMemory:
+        """A PD request that does not fit: SGLang gives its lock back where it matched
+        something (`disaggregation/decode.py:1576-1578`)."""
+        if prefix_len > 0:
+            self.unlock(req)
+        return self.out_of_memory()
 
     # -- prefill and decode ---------------------------------------------------------------
 

@@ -20,6 +20,9 @@ def main() -> int:
     run.add_argument("--members", nargs="+", metavar="PREFIX", help="only members whose name starts so")
     run.add_argument("--defaults", action="store_true", help="only each tree at its release's default knobs")
     run.add_argument("-n", "--workers", type=int, default=2)
+    run.add_argument("--shrink-seconds", type=float, help="each run's shrinking budget (kvspec check's option)")
+    run.add_argument("--example-database", type=Path, help="Hypothesis' example database shared by the members "
+                     "and shards (default: none)")
     merge = sub.add_parser("table", help="merge history shards into sglang-history.md and .json")
     merge.add_argument("shards", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, default=Path("docs"))
@@ -32,7 +35,8 @@ def main() -> int:
         return 0
     if args.command == "history":
         from .history import history
-        history(args.profile, args.out, args.shard, args.members, args.workers, args.defaults)
+        history(args.profile, args.out, args.shard, args.members, args.workers, args.defaults,
+                args.shrink_seconds, args.example_database)
         return 0
     if args.command == "table":
         from .history import table

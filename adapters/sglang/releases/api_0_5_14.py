@@ -1,32 +1,29 @@
-"""SGLang 0.5.14, 0.5.15 and 0.5.15.post1: the oldest request API, and the legacy tree.
-Lines are of the 0.5.14 wheel's `sglang/srt/` unless marked 0.5.15.
+"""SGLang 0.5.14, 0.5.15 and 0.5.15.post1: as 0.5.16 (api_0_5_16.py) but for what follows,
+and the legacy tree. Lines are of the 0.5.14 wheel's `sglang/srt/` unless 0.5.15 is named.
 
-* Trees: `legacy` is `SWARadixCache(params)`, the default for a hybrid SWA model
-  (`mem_cache/registry.py:114-117`, 0.5.15 `:119-126`); `python` is
-  `UnifiedRadixCache`, which the registry builds only with
+* Trees: `legacy` is `SWARadixCache(params)`, the registry's default for a hybrid SWA
+  model (`mem_cache/registry.py:114-117`, 0.5.15 `:119-126`), walked by legacy_tree.py;
+  `python` is `UnifiedRadixCache`, which the registry builds only with
   `SGLANG_ENABLE_UNIFIED_RADIX_TREE=1` (`:98-99`, `:142-166`), set here for it.
-  The legacy tree is walked by legacy_tree.py.
-* KV fields all on the `Req`: `req_pool_idx`, `cache_protected_len`,
-  `kv_allocated_len`, `kv_committed_len`, `swa_evicted_seqlen`
-  (`managers/schedule_batch.py:737-750, 865-869`). The scheduler sets the two lengths
-  after each allocation: `prepare_for_extend` (`:2066-2068`) and `prepare_for_decode`
-  (`:2638-2641`).
-* Lock: `req.swa_uuid_for_lock = tree.inc_lock_ref(req.last_node).swa_uuid_for_lock`
-  (`managers/schedule_policy.py:669-672`), released with
-  `dec_lock_ref(req.last_node, DecLockRefParams(swa_uuid_for_lock=...))`, as the
-  caches' own finish does (`mem_cache/swa_radix_cache.py:478-482`).
+* KV fields all on the `Req`: `req_pool_idx`, `cache_protected_len`, `kv_allocated_len`,
+  `kv_committed_len`, `swa_evicted_seqlen` (`managers/schedule_batch.py:737-750, 865-869`);
+  no `req.kv`. The scheduler sets both lengths after each allocation (`prepare_for_extend`,
+  `:2067-2068`; `prepare_for_decode`, `:2640-2641`); 0.5.16's `alloc_for_decode` does the
+  allocated one itself (0.5.16 `mem_cache/allocation.py:591`).
 * Extend range (0.5.14 only): `set_extend_input_len(n)` and `req.fill_len`
-  (`managers/schedule_policy.py:723-724`); 0.5.15 has `set_extend_range` already
-  (0.5.15 `managers/schedule_batch.py:1101`), as the newer shims drive it.
-* Checkpoint: `maybe_cache_unfinished_req(req, tree, chunked=True)` for a chunk
-  (`managers/scheduler.py:2464-2465`), without `chunked` after the last
-  (`managers/scheduler_components/batch_result_processor.py:242`). Finish / abort:
-  `release_kv_cache(req, tree, is_insert=...)` (`mem_cache/common.py:629`).
-* Decode gate: `ScheduleBatch.check_decode_mem()` (`managers/schedule_batch.py:2441-2444`,
-  the retract loop's, `managers/scheduler.py:3010`); no `check_decode_capacity` yet.
-  Eviction for an allocation: `evict_from_tree_cache` (`mem_cache/common.py:291-314`).
-* `SWAKVPool` requires `enable_kvcache_transpose` in 0.5.14 (`mem_cache/swa_memory_pool.py:32`):
-  allocator.build_allocator passes it where the signature has it.
+  (`managers/schedule_policy.py:723-724`); 0.5.15 already has `set_extend_range`
+  (0.5.15 `managers/schedule_batch.py:1101`), which the newer shims drive.
+* Allocation paths in `mem_cache/common.py` (`alloc_for_extend` `:442`, `alloc_for_decode`
+  `:574`; runtime.SYMBOLS finds them); the eviction before an extend is the one they make,
+  `evict_from_tree_cache` (`:298-318`): no `evict_to_free_tokens` yet.
+* As 0.5.16 (inherited): the lock (`req.swa_uuid_for_lock`, `managers/schedule_policy.py:669-672`),
+  the checkpoint (`maybe_cache_unfinished_req(req, tree, chunked=...)`, `managers/scheduler.py:2464-2465`,
+  `managers/scheduler_components/batch_result_processor.py:242`), finish / abort
+  (`release_kv_cache(req, tree, is_insert=...)`, `mem_cache/common.py:629`), the decode gate
+  (`batch.check_decode_mem()`, `managers/schedule_batch.py:2441-2444`) and its batch-counting
+  cadence (`:2863`).
+* `SWAKVPool` requires `enable_kvcache_transpose` in 0.5.14 (`mem_cache/swa_memory_pool.py:32`,
+  asserted off at `:56`): allocator.build_allocator passes it where the signature has it.
 """
 
 from functools import partial

@@ -6,6 +6,7 @@ range, its tree is one the finding names, and one of the run's violated clauses 
 finding's. The table marks any violation no finding matches UNEXPLAINED.
 """
 
+import re
 from dataclasses import dataclass
 
 from .catalog import key
@@ -22,25 +23,41 @@ class Finding:
     fixed_in: str | None
     trees: tuple[str, ...]
     clauses: tuple[str, ...]
-    by_default_from: str = ""
-    """The first release where the default knobs reach it ("" : `first`); before it, the
-    members with `knobs` turned do."""
+    by_default: tuple[str, str] | None = None
+    """The releases whose default knobs reach it (None: all of first..last); the others
+    between first and last reach it with `knobs` turned."""
     knobs: tuple[str, ...] = ()
-    """What a release before `by_default_from` needs turned from its default to reach it."""
+    says: str = ""
+    """A regular expression the violation's message must match (to tell two findings of
+    one clause apart), or "" for any."""
     vector: str | None = None
     """Its regression vector under vectors/regressions/ (bugs)."""
 
+    def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
+        """Whether a member of `release` with `knobs` turned has it (any tree it names)."""
+        k = key(release)
+        if not key(self.first) <= k <= key(self.last):
+            return False
+        if self.by_default is None or key(self.by_default[0]) <= k <= key(self.by_default[1]):
+            return True
+        return bool(self.knobs) and set(self.knobs) <= set(knobs)
+
     def matches(self, cell: dict, run: dict) -> bool:
-        release = key(cell["release"])
-        reached = release >= key(self.by_default_from or self.first) or set(self.knobs) <= set(cell["knobs"])
-        return (key(self.first) <= release <= key(self.last) and reached and cell["tree"] in self.trees
-                and bool(set(run["clauses"]) & set(self.clauses)))
+        return (cell["tree"] in self.trees and self.reaches(cell["release"], cell["knobs"])
+                and bool(set(run["clauses"]) & set(self.clauses))
+                and re.search(self.says, run.get("message") or "") is not None)
 
 
 FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python",),
-            ("I4", "I2", "I3", "I1", "I5", "I10"), by_default_from="0.5.18", knobs=("chunk-release",),
+            ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
             vector="checkpoint-short-rematch.jsonl"),
+    Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
+            says="decode steps, more than", vector="decode-eviction-phase.jsonl"),
+    Finding("no-chunk-release", "divergence", "0.5.14", "0.5.20", None, ("legacy",), ("I9",),
+            says="the chunk left"),
+    Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
+            by_default=("0.5.14", "0.5.17"), knobs=("no-chunk-release",), says="the chunk left"),
 )
 
 

@@ -60,7 +60,8 @@ def chosen(prefixes: list[str] | None, defaults: bool = False) -> list[str]:
     return [name for name in names if not prefixes or any(name.startswith(prefix) for prefix in prefixes)]
 
 
-def check(member: str, profile: str, workers: int, out: Path) -> Cell:
+def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: float | None = None,
+          examples: Path | None = None) -> Cell:
     adapter = MEMBERS.members[member.removeprefix("sglang@")]
     cell = dict(member=member, release=adapter.release, tree=adapter.tree, knobs=adapter.knobs,
                 policy_version=adapter.policy_version)
@@ -72,6 +73,8 @@ def check(member: str, profile: str, workers: int, out: Path) -> Cell:
     started = time.perf_counter()
     command = [sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", member, "--profile", profile,
                "-n", str(workers), "--json", str(report), "--traces", str(traces)]
+    command += ["--shrink-seconds", str(shrink_seconds)] if shrink_seconds else []
+    command += ["--example-database", str(examples)] if examples else []
     with open(out / "reports" / f"{name}.log", "w") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - started
@@ -86,12 +89,16 @@ def check(member: str, profile: str, workers: int, out: Path) -> Cell:
 
 
 def history(profile: str, out: Path, shard_spec: str | None, members: list[str] | None, workers: int,
-            defaults: bool = False) -> Path:
+            defaults: bool = False, shrink_seconds: float | None = None, examples: Path | None = None) -> Path:
+    """Check this shard's members one after another; `examples`: a Hypothesis example
+    database they share (point every shard at one folder). Off by default: a failure saved
+    by one release is then tried first on the next, which finds it sooner there but makes
+    the table's seconds to the first counterexample say less about a search from scratch."""
     names = shard(chosen(members, defaults), shard_spec)
     out.mkdir(parents=True, exist_ok=True)
     cells = []
     for number, member in enumerate(names, 1):
-        cell = check(member, profile, workers, out)
+        cell = check(member, profile, workers, out, shrink_seconds, examples)
         cells.append(cell)
         failed = [f"{run['label']}: {', '.join(run['clauses']) or run['verdict']}" for run in cell.runs
                   if run["verdict"] != "ok"]

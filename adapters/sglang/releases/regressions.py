@@ -15,9 +15,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .catalog import MEMBERS, Release, key
+from .catalog import MEMBERS, Release
 from .environment import RELEASES, installed
-from .findings import FINDINGS, Finding
+from .findings import FINDINGS, Finding, explain
 
 VECTORS = Path(__file__).resolve().parents[3] / "vectors" / "regressions"
 """In the repository (an editable install: `pip install -e .`)."""
@@ -25,19 +25,16 @@ VECTORS = Path(__file__).resolve().parents[3] / "vectors" / "regressions"
 
 def expectations(finding: Finding, release: str) -> list[tuple[str, bool]]:
     """(member, fails) for one release: its members whose tree the finding names, at
-    their default knobs, and with the knobs the finding needs before it was on by default."""
+    their default knobs, and with the finding's knobs where the defaults do not reach it."""
     found = []
     for tree in Release(release).trees:
         if tree not in finding.trees:
             continue
         base = f"sglang@{release}" + ("" if tree == Release(release).default_tree else f"-{tree}")
-        affected = key(finding.first) <= key(release) <= key(finding.last)
-        by_default = affected and key(release) >= key(finding.by_default_from)
-        found.append((base, by_default))
-        if finding.knobs and not by_default:
-            member = base + "".join(f"+{knob}" for knob in finding.knobs)
-            if member.removeprefix("sglang@") in MEMBERS:
-                found.append((member, affected))
+        found.append((base, finding.reaches(release, ())))
+        turned = base + "".join(f"+{knob}" for knob in finding.knobs)
+        if finding.knobs and not finding.reaches(release, ()) and turned.removeprefix("sglang@") in MEMBERS:
+            found.append((turned, finding.reaches(release, finding.knobs)))
     return found
 
 
@@ -66,15 +63,25 @@ def replay_release(release: str) -> list[dict]:
 
 
 def in_process(release: str) -> list[dict]:
+    """Where a vector is expected to pass, a stop at a violation another finding explains
+    (say the default's missing chunk release, on an older release) is not this bug: it is
+    reported as such, not as a pass."""
     results = []
     for finding in FINDINGS:
         if finding.vector is None:
             continue
         for member, fails in expectations(finding, release):
             result = replay_here(member, VECTORS / finding.vector)
-            results.append(dict(result, finding=finding.id, expected_to_fail=fails,
-                                as_expected=(not result["conforms"]) == fails
-                                and (not fails or bool(set(result["clauses"]) & set(finding.clauses)))))
+            adapter = MEMBERS.members[member.removeprefix("sglang@")]
+            cell = {"release": release, "tree": adapter.tree, "knobs": adapter.knobs}
+            run = {"clauses": result["clauses"], "message": result["verdict"]}
+            other = None if result["conforms"] else explain(cell, run)
+            if fails:
+                as_expected = other == finding.id
+            else:
+                as_expected = result["conforms"] or other not in (None, finding.id)
+            results.append(dict(result, finding=finding.id, expected_to_fail=fails, as_expected=as_expected,
+                                explained_by=other))
     return results
 
 
@@ -86,7 +93,10 @@ def report(releases: list[str]) -> int:
             expected = "fails" if result["expected_to_fail"] else "passes"
             mark = "ok" if result["as_expected"] else "WRONG"
             wrong += not result["as_expected"]
-            print(f"{mark:5} {result['finding']} on {result['member']}: {expected} as expected" if result["as_expected"]
+            stopped = (f" (stopped first by {result['explained_by']})"
+                       if not result["expected_to_fail"] and not result["conforms"] else "")
+            print(f"{mark:5} {result['finding']} on {result['member']}: {expected} as expected{stopped}"
+                  if result["as_expected"]
                   else f"{mark:5} {result['finding']} on {result['member']}: expected it {expected}; {result['verdict']}",
                   flush=True)
     return 1 if wrong else 0
