@@ -52,6 +52,8 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python",),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
             vector="checkpoint-short-rematch.jsonl"),
+    Finding("legacy-revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy",),
+            ("I11", "I14", "I1", "I4"), vector="legacy-revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
             says="decode steps, more than", vector="decode-eviction-phase.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.20", None, ("legacy",), ("I9",),
