@@ -107,6 +107,7 @@ ALLOCATOR = "sglang.srt.mem_cache.allocator.swa"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 RADIX_CACHE = "sglang.srt.mem_cache.unified_radix_cache"
 SWA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.swa"
+PD_DECODE = "sglang.srt.disaggregation.decode"
 TREE_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 
 
@@ -186,6 +187,20 @@ class UNALIGNED_CURSOR(SglangMutant, slug="unaligned-cursor"):
     clause, invariant_class = "I6", "alignment"
     exposed_by = Run(page_size=4, window=7, interval=1)
     reverts = "the floor of the cursor to a page, `if P > 1: new = floorP(new)` (bug class 5, misaligned cursors)"
+    crash_message = "must be page-aligned"  # the same assertion, reached first by a PD admission's checkpoint
+
+
+class PD_CURSOR_UNSET(SglangMutant, slug="pd-cursor-unset"):
+    """The PD-decode pre-allocation allocates SWA KV for the tail only but does not set the
+    cursor to the tail's start, `fill - tail`: the head, whose full slots map to 0, looks
+    SWA-live (I5)."""
+
+    patch = Patch(PD_DECODE, "alloc_for_decode_prealloc",
+                  "            req.kv.set_evicted_seqlen(ComponentType.SWA, swa_evicted_seqlen)\n", "")
+    clause, invariant_class = "I5", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+    reverts = ("docs/engines/sglang.md, bug class 3: req.kv.set_evicted_seqlen(SWA, fill - tail) after "
+               "alloc_extend_swa_tail (disaggregation/decode.py:2486-2494)")
 
 
 class DECODE_FRONTIER_ONE_TOKEN_LATE(SglangMutant, slug="decode-frontier-one-token-late"):
@@ -389,7 +404,5 @@ class MATCH_SHORT_WINDOW(SglangMutant, slug="match-short-window"):
 NOT_PATCHED = {
     "non-atomic-decode": "SGLang 0.5.23 already has this bug (known divergence SGL-6, alloc_decode keeps the full "
                          "page it took when the SWA side is short); the reference mutant shows it",
-    "pd-cursor-unset": "the sglang adapter does not drive SGLang's PD-decode pre-allocation at the engine tier "
-                       "(capability pd_decode), where the cursor is set",
 }
 """Reference only: each slug of kvspec.adapters.mutants that has no SGLang patch, and why."""
