@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hypothesis import Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
