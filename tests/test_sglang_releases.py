@@ -32,7 +32,7 @@ def test_every_release_from_0_5_14_is_a_member_with_its_default_tree():
     assert MEMBERS.members["0.5.14"].tree == "legacy"
     assert MEMBERS.members["0.5.16"].tree == "python"
     assert MEMBERS.members["0.5.21"].tree == "rust"
-    assert "0.5.21-legacy" not in MEMBERS  # the legacy tree is gone in 0.5.21
+    assert "0.5.15-python" in MEMBERS and "0.5.16-legacy" not in MEMBERS  # from 0.5.16 nothing builds it
     assert "0.5.18-rust" not in MEMBERS and "0.5.19-rust" in MEMBERS  # the Rust core ships in 0.5.19
 
 

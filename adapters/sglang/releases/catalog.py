@@ -5,7 +5,8 @@ each SWA knob it reads. A member is `sglang@<release>[-<tree>][+<knob>...]`:
   sglang@0.5.19-rust            another tree of that release
   sglang@0.5.17+chunk-release   a knob turned from its default
 
-Trees: `legacy` (SWARadixCache, 0.5.14 - 0.5.20, the default up to 0.5.15), `python`
+Trees: `legacy` (SWARadixCache, the default of 0.5.14 - 0.5.15; its file stays until
+0.5.20, but from 0.5.16 nothing in SGLang builds it, `mem_cache/registry.py`), `python`
 (UnifiedRadixCache with its Python tree, the default 0.5.16 - 0.5.20), `rust` (its Rust
 tree core, shipped 0.5.19, the default from 0.5.21). Knobs (SGLang environment variables,
 set for each engine): `chunk-release` / `no-chunk-release`
@@ -56,7 +57,7 @@ class Release:
     @property
     def trees(self) -> tuple[str, ...]:
         k = key(self.release)
-        return tuple(tree for tree, present in (("legacy", k <= (0, 5, 20)), ("python", True),
+        return tuple(tree for tree, present in (("legacy", k < (0, 5, 16)), ("python", True),
                                                 ("rust", k >= (0, 5, 19))) if present)
 
     @property
@@ -127,7 +128,8 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
         name=name, release=release.release, tree=tree, knobs=knobs,
         policy_version=release.policy_version(knobs),
-        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill"),
+        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill")
+        + (("pd_decode",) if release.release == "0.5.23" else ()),  # the PD path is driven on 0.5.23 only
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),
         make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
