@@ -48,8 +48,10 @@ def replay_here(member: str, vector: Path) -> dict:
     trace = load(vector)
     config = dict(trace.config, policy=dict(trace.config["policy"], version=adapter.policy_version))
     result = replay(replace(trace, config=config, adapter=member), adapter, compare=False)
+    failure = result.failure
     return {"member": member, "vector": vector.name, "conforms": result.conforms, "stopped_at": result.stopped_at,
-            "clauses": list(result.failure.clauses) if result.failure else [], "verdict": result.verdict()}
+            "clauses": list(failure.clauses or ()) if failure else [], "verdict": result.verdict(),
+            "kind": "crashed" if failure is not None and failure.kind == "crashed" else "violated", "label": trace.label}
 
 
 def replay_release(release: str) -> list[dict]:
@@ -74,7 +76,8 @@ def in_process(release: str) -> list[dict]:
             result = replay_here(member, VECTORS / finding.vector)
             adapter = MEMBERS.members[member.removeprefix("sglang@")]
             cell = {"release": release, "tree": adapter.tree, "knobs": adapter.knobs}
-            run = {"clauses": result["clauses"], "message": result["verdict"]}
+            run = {"clauses": result["clauses"], "message": result["verdict"].partition(": ")[2],
+                   "verdict": result["kind"], "label": result["label"]}
             other = None if result["conforms"] else explain(cell, run)
             if fails:
                 as_expected = other == finding.id
@@ -95,8 +98,8 @@ def report(releases: list[str]) -> int:
             wrong += not result["as_expected"]
             stopped = (f" (stopped first by {result['explained_by']})"
                        if not result["expected_to_fail"] and not result["conforms"] else "")
-            print(f"{mark:5} {result['finding']} on {result['member']}: {expected} as expected{stopped}"
-                  if result["as_expected"]
-                  else f"{mark:5} {result['finding']} on {result['member']}: expected it {expected}; {result['verdict']}",
+            what = f"{mark:5} {result['vector']} on {result['member']}"
+            print(f"{what}: {expected} as expected{stopped}" if result["as_expected"]
+                  else f"{what}: expected it {expected}; {result['verdict']}",
                   flush=True)
     return 1 if wrong else 0
