@@ -110,10 +110,12 @@ def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path)
     assert "checkpoint-short-rematch" in text and "I4 (engine P=4 W=6 I=4)" in text
     unexplained = tmp_path / "b.json"
     unexplained.write_text(json.dumps({"schema": history.SCHEMA, "profile": "ci",
-                                       "cells": [cell("0.5.23", "python", ["I4"])]}))
+                                       "cells": [cell("0.5.23", "rust", ["I4"])]}))
     assert history.table([explained, unexplained], tmp_path / "out") == 1
     assert "UNEXPLAINED" in (tmp_path / "out" / "sglang-history.md").read_text()
     assert len(json.loads((tmp_path / "out" / "sglang-history.json").read_text())["cells"]) == 3
+    history.table([explained, explained], tmp_path / "again")  # a member in two shards: one row
+    assert len(json.loads((tmp_path / "again" / "sglang-history.json").read_text())["cells"]) == 2
     (tmp_path / "c.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a history shard"):
         history.table([tmp_path / "c.json"], tmp_path / "out")

@@ -68,7 +68,7 @@ FINDINGS = (
             ("I11", "I14", "I1", "I4"), vector="legacy-revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
             says="decode steps, more than", vector="decode-eviction-phase.jsonl"),
-    Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15", None, ("legacy",), ("I9",),
+    Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
             says="the chunk left"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
             by_default=("0.5.14", "0.5.17"), knobs=("no-chunk-release",), says="the chunk left"),

@@ -84,6 +84,9 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
     found = json.loads(report.read_text())
     runs = tuple({field: run.get(field) for field in ("label", "verdict", "clauses", "message", "trace", "trace_steps",
                                                       "first_failure_seconds")} for run in found["runs"])
+    for run in runs:  # where the shard's folder goes, its traces go: relative to it
+        if run["trace"]:
+            run["trace"] = str(Path(run["trace"]).resolve().relative_to(out.resolve()))
     verdict = next((run["verdict"] for run in runs if run["verdict"] != "ok"), "ok")
     return Cell(**cell, verdict=verdict, runs=runs, seconds=seconds)
 
@@ -118,31 +121,36 @@ def first_failure(cell: dict) -> dict | None:
 
 
 def row(cell: dict) -> tuple[str, ...]:
+    """The first failing run's details; the findings of every failing run."""
     run = first_failure(cell)
     knobs = ", ".join(cell["knobs"]) or "defaults"
+    failed = [r for r in cell["runs"] if r["verdict"] != "ok"]
+    verdict = cell["verdict"] + (f" ({len(failed)} of {len(cell['runs'])} runs)" if failed else "")
     if run is None:
-        return (cell["release"], cell["tree"], knobs, cell["policy_version"], cell["verdict"], "", "", "", "")
-    finding = explain(cell, run)
+        return (cell["release"], cell["tree"], knobs, cell["policy_version"], verdict, "", "", "", "")
+    findings = [explain(cell, r) for r in failed]
+    named = [f"[{f}](engines/sglang-findings.md#{f})" for f in dict.fromkeys(f for f in findings if f)]
+    if None in findings:
+        named.append("UNEXPLAINED: " + ", ".join(r["label"] for r, f in zip(failed, findings) if f is None))
     seconds = run.get("first_failure_seconds")
-    return (cell["release"], cell["tree"], knobs, cell["policy_version"], cell["verdict"],
+    return (cell["release"], cell["tree"], knobs, cell["policy_version"], verdict,
             f"{', '.join(run['clauses']) or run['verdict']} ({run['label']})", str(run.get("trace_steps") or ""),
-            "" if seconds is None else f"{seconds:.1f}", f"[{finding}](engines/sglang-findings.md#{finding})" if finding
-            else "UNEXPLAINED")
+            "" if seconds is None else f"{seconds:.1f}", ", ".join(named))
 
 
 HEADER = ("release", "tree", "knobs", "policy", "verdict", "first violated clause (run)", "shrunk steps",
-          "s to 1st counterexample", "explained by")
+          "s to 1st counterexample", "explained by (every failing run)")
 
 
 def table(shards: list[Path], out: Path) -> int:
-    cells, profiles = [], set()
-    for path in shards:
+    by_member, profiles = {}, set()
+    for path in shards:  # a member checked in several shards: the last one given counts
         document = json.loads(path.read_text())
         if document.get("schema") != SCHEMA:
             raise SystemExit(f"{path}: not a history shard (schema {document.get('schema')!r}, expected {SCHEMA})")
         profiles.add(document["profile"])
-        cells += document["cells"]
-    cells.sort(key=lambda cell: (key(cell["release"]), cell["member"]))
+        by_member.update((cell["member"], cell) for cell in document["cells"])
+    cells = sorted(by_member.values(), key=lambda cell: (key(cell["release"]), cell["member"]))
     rows = [row(cell) for cell in cells]
     lines = ["# SGLang's release history, checked by kvspec", "",
              f"Written by `python -m kvspec.adapters.sglang.releases table` from `kvspec check --profile "
@@ -155,7 +163,7 @@ def table(shards: list[Path], out: Path) -> int:
     (out / "sglang-history.md").write_text("\n".join(lines) + "\n")
     (out / "sglang-history.json").write_text(json.dumps({"schema": SCHEMA, "profile": "/".join(sorted(profiles)),
                                                          "cells": cells}, indent=1))
-    unexplained = [cell["member"] for cell, r in zip(cells, rows) if r[-1] == "UNEXPLAINED"]
+    unexplained = [cell["member"] for cell, r in zip(cells, rows) if "UNEXPLAINED" in r[-1]]
     print(f"wrote {out / 'sglang-history.md'}: {len(cells)} members, "
           f"{sum(cell['verdict'] != 'ok' for cell in cells)} with a violation, {len(unexplained)} unexplained"
           + (f" ({', '.join(unexplained)})" if unexplained else ""))
