@@ -31,6 +31,10 @@ class ReleaseNotInstalled(UnavailableMember):
     """The named release has no folder yet (say how to install it)."""
 
 
+class OtherReleaseLoaded(UnavailableMember):
+    """This process already imported another SGLang."""
+
+
 def releases_home() -> Path:
     return Path(os.environ.get("KVSPEC_SGLANG_RELEASES", Path.home() / ".cache" / "kvspec" / "sglang-releases"))
 
@@ -72,8 +76,8 @@ def activate(release: str) -> None:
     path = str(folder(release))
     loaded = sys.modules.get("sglang")
     if loaded is not None and not str(Path(loaded.__file__)).startswith(path):
-        raise RuntimeError(f"this process already imported SGLang from {Path(loaded.__file__).parent}; one "
-                           f"process drives one release (run each release in its own `kvspec check`)")
+        raise OtherReleaseLoaded(f"this process already imported SGLang from {Path(loaded.__file__).parent}; one "
+                                 f"process drives one release (run each release in its own `kvspec check`)")
     if path not in sys.path:
         sys.path.insert(0, path)
     os.environ[ACTIVE] = release

@@ -64,8 +64,8 @@ FINDINGS = (
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len", vector="checkpoint-short-rematch-finish.jsonl"),
-    Finding("legacy-revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy",),
-            ("I11", "I14", "I1", "I4"), vector="legacy-revive-frees-locked-full.jsonl"),
+    Finding("revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"),
+            ("I11", "I14", "I1", "I4"), vector="revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
             says="decode steps, more than", vector="decode-eviction-phase.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
