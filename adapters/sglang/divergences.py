@@ -101,6 +101,17 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
          ("prefill_chunk", {"rid": "r1", "chunk": 1, "token": 0}), ("retract", {"rid": "r1"}),
          ("evict", {"full_tokens": 0, "swa_tokens": 4}), ("admit", {"rid": "r1", "prompt": None}),
          ("prefill_chunk", {"rid": "r1", "chunk": 8, "token": 0})), differential=True),
+    SglangDivergence(
+        "SGL-9", ("OBS-3", "LIFE-6"), "a PD-decode admission checkpoints the prompt into the prefix cache at once",
+        "After its decode-side pre-allocation, SGLang inserts the received prompt into the decode-side prefix cache "
+        "before the first decode step (process_prebuilt's checkpoint), so cache_protected_len is the prompt's "
+        "page-aligned length right after pd_admit; the spec (LIFE-6) leaves the request owning its prompt until a "
+        "later checkpoint, and the reference protects nothing. Both are sound; the spec does not model the "
+        "admission checkpoint yet (docs/engines/sglang-findings.md, pd-tail-not-rounded, is what it exposes).",
+        "disaggregation/decode_schedule_batch_mixin.py:119-122 (process_prebuilt: checkpoint_kv_cache); "
+        "disaggregation/decode.py:2237-2392 (_pre_alloc)",
+        "engine", engine_config(page_size=4, window=8, size_full=64, size_swa=32),
+        (("pd_admit", {"rid": "r1", "prompt": list(range(1, 31)), "first_output": 0}),), differential=True),
 )
 
 

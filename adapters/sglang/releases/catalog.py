@@ -150,8 +150,8 @@ def members() -> dict[str, type]:
 
 class Members(Mapping):
     """The family's members; looking one up makes its release this process's SGLang
-    (environment.activate), before the harness starts its forkserver, so that the
-    workers it forks import that release too."""
+    (environment.activate) before the harness starts its forkserver, whose preload then
+    activates the same release (KVSPEC_SGLANG_RELEASE), so every worker imports it too."""
 
     def __init__(self):
         self.members = members()
