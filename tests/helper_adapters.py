@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from kvspec.spec.window import (
     DESIGN_MARGIN,
+    MAX_WINDOW_PAGE,
     NO_PREFIX_SHARING,
     SGLANG_0_5_23,
     WindowEviction,
@@ -51,6 +52,8 @@ def frontier(pre_len, cursor, cache_protected_len, window, page_size, version, e
         retention = -(-max(window, page_size) // page_size) * page_size
     elif version == DESIGN_MARGIN:
         retention = window + page_size
+    elif version == MAX_WINDOW_PAGE:
+        retention = max(window, page_size)
     else:
         retention = window
     raised = max(cursor, cache_protected_len)
