@@ -154,9 +154,10 @@ def table(shards: list[Path], out: Path) -> int:
     rows = [row(cell) for cell in cells]
     lines = ["# SGLang's release history, checked by kvspec", "",
              f"Written by `python -m kvspec.adapters.sglang.releases table` from `kvspec check --profile "
-             f"{'/'.join(sorted(profiles))}` of each member of the `sglang@` family "
+             f"{'/'.join(sorted(profiles))}` of {len(cells)} of the {len(MEMBERS)} members of the `sglang@` family "
              "(adapters/sglang/releases/catalog.py): one row per release, tree and knob turned from its default. "
-             "Each violation is explained in [engines/sglang-findings.md](engines/sglang-findings.md).", "",
+             "Each violation is explained in [engines/sglang-findings.md](engines/sglang-findings.md), which also "
+             "says how this table was run.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     out.mkdir(parents=True, exist_ok=True)
