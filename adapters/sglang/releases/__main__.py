@@ -4,7 +4,7 @@ write its table, replay the regression vectors. See environment.py, history.py, 
 import argparse
 from pathlib import Path
 
-from .environment import RELEASES, install
+from .environment import RELEASES, install, install_requirements
 
 
 def main() -> int:
@@ -30,6 +30,7 @@ def main() -> int:
     regress.add_argument("releases", nargs="*", metavar="RELEASE", help="default: every installed release")
     args = parser.parse_args()
     if args.command == "install":
+        install_requirements()
         for release in RELEASES if args.releases == ["all"] else args.releases:
             print(f"SGLang {release}: {install(release)}", flush=True)
         return 0

@@ -3,7 +3,9 @@
 A release is installed alone (`pip install --no-deps --target`) into its own folder
 under `KVSPEC_SGLANG_RELEASES` (default `~/.cache/kvspec/sglang-releases/<release>`),
 beside kvspec's own environment: everything SGLang imports besides itself (torch,
-transformers, ...) comes from there, at the pins of `adapters/sglang/requirements.txt`.
+transformers, ...) comes from there, at the pins of `adapters/sglang/requirements.txt`,
+plus the few the older releases import that 0.5.23 does not (`requirements.txt` here,
+installed into the environment by `install`).
 Downloaded wheels are kept in `<folder>/wheels` and reused.
 
 One process imports one SGLang. `activate(release)` puts the release's folder first on
@@ -51,6 +53,15 @@ def install_command(release: str) -> str:
     return f"python -m kvspec.adapters.sglang.releases install {release}"
 
 
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+REQUIREMENTS = Path(__file__).with_name("requirements.txt")
+"""What the older releases import that 0.5.23's requirements do not bring (pinned, --no-deps)."""
+
+
+def install_requirements() -> None:
+    subprocess.run([*PIP, "install", "--no-deps", "-r", str(REQUIREMENTS)], check=True)
+
+
 def install(release: str) -> Path:
     """Install one release (the wheel only, no dependencies), reusing a downloaded wheel."""
     if release not in RELEASES:
@@ -59,7 +70,7 @@ def install(release: str) -> Path:
         return folder(release)
     wheels = releases_home() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    pip = PIP
     subprocess.run([*pip, "download", "--no-deps", "--dest", str(wheels), f"sglang=={release}"], check=True)
     wheel = next(wheels.glob(f"sglang-{release}-*.whl"))
     target = folder(release).with_suffix(".partial")
