@@ -26,13 +26,11 @@ and the legacy tree. Lines are of the 0.5.14 wheel's `sglang/srt/` unless 0.5.15
   asserted off at `:56`): allocator.build_allocator passes it where the signature has it.
 """
 
-from functools import partial
 
-from kvspec.spec.pages import new_pages_for_extend
 
-from ..engine import KvFields, quiet
+from ..engine import KvFields
 from .api_0_5_16 import Engine as Engine_0_5_16
-from .api_0_5_19 import all_free_pages
+from .api_0_5_19 import add_free_page_census
 from .legacy_tree import legacy_tree_view
 
 
@@ -47,8 +45,7 @@ class Engine(Engine_0_5_16):
     def make_cache(self):
         if self.tree_core != "legacy":
             return super().make_cache()  # UnifiedRadixCache(CacheInitParams(..., tree_components)) as in 0.5.19
-        for pool in (self.allocator.full_attn_allocator, self.allocator.swa_attn_allocator):
-            pool.get_all_free_pages = partial(all_free_pages, pool)
+        add_free_page_census(self.allocator)
         s = self.s
         return s.SWARadixCache(params=s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
@@ -82,12 +79,6 @@ class Engine(Engine_0_5_16):
         if outcome is None:  # the rest of prepare_for_decode's bookkeeping
             self.requests[rid].kv_allocated_len += 1
         return outcome
-
-    def extend_fits(self, prefix_len: int, seq_len: int) -> bool:
-        with quiet():  # no evict_to_free_tokens yet: the allocation path's own eviction
-            self.s.common.evict_from_tree_cache(self.cache, seq_len - prefix_len + (self.P if self.P > 1 else 0))
-        pages = new_pages_for_extend(prefix_len, seq_len, self.P)
-        return self.allocator.new_pages_available(pages, pages)
 
     def walk_tree(self):
         if self.tree_core == "legacy":

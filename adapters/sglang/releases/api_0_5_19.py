@@ -37,6 +37,13 @@ def tolerate_shipped_configs() -> None:
     AutoConfig.register = staticmethod(lambda model_type, config, exist_ok=False: register(model_type, config, True))
 
 
+def add_free_page_census(allocator) -> None:
+    """What kvspec observes of each pool: 0.5.20's `get_all_free_pages`, where it is missing."""
+    for pool in (allocator.full_attn_allocator, allocator.swa_attn_allocator):
+        if not hasattr(pool, "get_all_free_pages"):
+            pool.get_all_free_pages = partial(all_free_pages, pool)
+
+
 def all_free_pages(pool):
     """0.5.19's pools have no `get_all_free_pages` (0.5.20 `mem_cache/allocator/base.py:113-119`,
     restated here): its free list is `free_pages` and the pages freed since the last sort,
@@ -58,9 +65,7 @@ class Engine(Engine_0_5_21):
         super().__init__(config, tree=tree, environment=environment, **kwargs)
 
     def make_cache(self):
-        for pool in (self.allocator.full_attn_allocator, self.allocator.swa_attn_allocator):
-            if not hasattr(pool, "get_all_free_pages"):  # what kvspec observes; 0.5.20's census
-                pool.get_all_free_pages = partial(all_free_pages, pool)
+        add_free_page_census(self.allocator)
         s = self.s
         return s.UnifiedRadixCache(s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
