@@ -70,6 +70,23 @@ def test_a_release_not_installed_is_a_clear_error(tmp_path, monkeypatch):
     assert "not installed" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_release_whose_dependencies_are_missing_is_a_clear_error_not_a_deep_import_error(tmp_path, monkeypatch):
+    """CI's first pytest run meets release folders (a cache) before SGLang's pins are installed:
+    that is 'not installed' (a skip, or with KVSPEC_REQUIRE_SGLANG_RELEASES a failure), never a
+    ModuleNotFoundError from inside SGLang."""
+    (tmp_path / "0.5.18" / "sglang").mkdir(parents=True)
+    (tmp_path / "0.5.18" / "sglang" / "version.py").write_text("__version__ = '0.5.18'\n")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("sglang==0.5.18\nkvspec-no-such-distribution==1.0\n")
+    monkeypatch.setenv("KVSPEC_SGLANG_RELEASES", str(tmp_path))
+    monkeypatch.setattr(environment, "REQUIREMENTS", (requirements,))
+    assert environment.unpacked("0.5.18") and not environment.installed("0.5.18")
+    assert environment.missing_dependencies() == ["kvspec-no-such-distribution"]
+    with pytest.raises(environment.ReleaseNotInstalled, match=r"what it imports is not in this environment "
+                                                               r"\(kvspec-no-such-distribution\); install it with"):
+        environment.activate("0.5.18")
+
+
 def test_an_unknown_member_names_the_family():
     with pytest.raises(AdapterError, match="unknown member of SGLang's releases 'sglang@0.5.99'"):
         load_adapter("sglang@0.5.99")

@@ -18,8 +18,10 @@ release the variable names first.
 """
 
 import os
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from kvspec.conformance.harness.families import UnavailableMember
@@ -30,7 +32,7 @@ RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0
 
 
 class ReleaseNotInstalled(UnavailableMember):
-    """The named release has no folder yet (say how to install it)."""
+    """The named release has no folder yet, or what it imports is not in this environment."""
 
 
 class OtherReleaseLoaded(UnavailableMember):
@@ -45,8 +47,13 @@ def folder(release: str) -> Path:
     return releases_home() / release
 
 
-def installed(release: str) -> bool:
+def unpacked(release: str) -> bool:
     return (folder(release) / "sglang" / "version.py").is_file()
+
+
+def installed(release: str) -> bool:
+    """The release can run here: its folder, and what it imports, in this environment."""
+    return unpacked(release) and not missing_dependencies()
 
 
 def install_command(release: str) -> str:
@@ -54,19 +61,36 @@ def install_command(release: str) -> str:
 
 
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-REQUIREMENTS = Path(__file__).with_name("requirements.txt")
-"""What the older releases import that 0.5.23's requirements do not bring (pinned, --no-deps)."""
+REQUIREMENTS = (Path(__file__).parents[1] / "requirements.txt", Path(__file__).with_name("requirements.txt"))
+"""What every release imports besides itself: 0.5.23's pins (adapters/sglang), and what the
+older releases import beside them (here). Installed --no-deps into kvspec's environment."""
+
+
+def missing_dependencies() -> list[str]:
+    """The pinned distributions of REQUIREMENTS absent from this environment (sglang aside: the
+    release's folder brings it). A release folder without them fails at import, deep inside SGLang."""
+    missing = []
+    for requirements in REQUIREMENTS:
+        for line in requirements.read_text().splitlines():
+            name = re.match(r"\s*([A-Za-z0-9_.\-]+)==", line)
+            if name and name[1] != "sglang":
+                try:
+                    metadata.distribution(name[1])
+                except metadata.PackageNotFoundError:
+                    missing.append(name[1])
+    return missing
 
 
 def install_requirements() -> None:
-    subprocess.run([*PIP, "install", "--no-deps", "-r", str(REQUIREMENTS)], check=True)
+    for requirements in REQUIREMENTS:
+        subprocess.run([*PIP, "install", "--no-deps", "-r", str(requirements)], check=True)
 
 
 def install(release: str) -> Path:
     """Install one release (the wheel only, no dependencies), reusing a downloaded wheel."""
     if release not in RELEASES:
         raise SystemExit(f"unknown SGLang release {release!r}; kvspec covers {', '.join(RELEASES)}")
-    if installed(release):
+    if unpacked(release):
         return folder(release)
     wheels = releases_home() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -81,9 +105,14 @@ def install(release: str) -> Path:
 
 def activate(release: str) -> None:
     """Make `import sglang` import `release` in this process (and its forkserver)."""
-    if not installed(release):
+    if not unpacked(release):
         raise ReleaseNotInstalled(f"SGLang {release} is not installed under {releases_home()}; "
                                   f"install it with `{install_command(release)}`")
+    if missing := missing_dependencies():
+        raise ReleaseNotInstalled(f"SGLang {release} is installed under {releases_home()}, but what it imports is "
+                                  f"not in this environment ({', '.join(missing[:5])}"
+                                  f"{', ...' if len(missing) > 5 else ''}); install it with "
+                                  f"`{install_command(release)}`")
     path = str(folder(release))
     loaded = sys.modules.get("sglang")
     if loaded is not None and not str(Path(loaded.__file__)).startswith(path):
