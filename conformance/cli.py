@@ -97,8 +97,10 @@ def check(args) -> int:
         line = f"[{len(results)}/{len(jobs)}] {result.label}: {result.verdict}"
         line += f", {result.steps} steps in {result.seconds:.1f} s" if result.steps else ""
         if result.first_failure_seconds is not None:
-            line += f" (first counterexample after {result.first_failure_seconds:.1f} s" + \
-                (", then shrunk)" if not args.no_shrink else ", kept unshrunk)")
+            line += f" (first counterexample after {result.first_failure_seconds:.1f} s, " + \
+                ("kept unshrunk)" if result.shrink_seconds is None else f"then shrunk for {result.shrink_seconds:.1f} s" +
+                 (f", stopped at its {result.shrink_budget_seconds:g} s budget)" if result.shrink_stopped_at_budget
+                  else ")"))
         print(line, flush=True)
         if result.verdict != "ok":
             print("    " + result.message.replace("\n", "\n    "))
@@ -214,7 +216,8 @@ def main(argv=None) -> int:
     check_parser.add_argument("--no-shrink", action="store_true",
                               help="save the first counterexample as found, unshrunk (shrinking can take a minute)")
     check_parser.add_argument("--shrink-seconds", type=positive_seconds, metavar="SECONDS",
-                              help="stop shrinking a counterexample after this long (default: Hypothesis' 300 s)")
+                              help="stop shrinking a counterexample after this long (default: the profile's, "
+                                   f"{', '.join(f'{name} {PROFILES[name][2]} s' for name in PROFILES)})")
     check_parser.add_argument("--example-database", metavar="DIR",
                               help="keep failing examples in DIR (Hypothesis' directory database) and try them "
                                    "first: shared by checks of related adapters, e.g. the shards of a matrix")

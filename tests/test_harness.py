@@ -102,6 +102,26 @@ def test_which_free_page_an_allocation_returns_is_never_compared(tmp_path):
     assert result.stdout.count(": ok, ") == 2, result.stdout
 
 
+def test_shrinking_stops_at_the_budget_and_the_report_says_so(tmp_path):
+    """--shrink-seconds bounds shrinking; the run says how long it took to find the
+    counterexample and how long it shrank, and that it stopped at the budget. (The
+    mutant's counterexample shrinks for 20-60 s unbounded: 0.5 s cannot finish it.)"""
+    result = kvspec("check", "--adapter", "mutant-leak-on-release", "--run", "engine P=4 W=7 I=1", "--profile",
+                    "quick", "--seed", "0", "--shrink-seconds", "0.5", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "then shrunk for" in result.stdout and "stopped at its 0.5 s budget)" in result.stdout, result.stdout
+    run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
+    assert run["shrink_stopped_at_budget"] and run["shrink_budget_seconds"] == 0.5 and run["shrink_seconds"] >= 0.5
+    assert run["first_failure_seconds"] > 0
+
+
+def test_the_shrink_budget_defaults_to_the_profiles():
+    from kvspec.conformance.harness.profiles import shrink_budget
+    assert [shrink_budget(name) for name in ("quick", "ci", "deep")] == [30, 60, 300]
+    with pytest.raises(ValueError, match="unknown profile"):
+        shrink_budget("fast")
+
+
 @pytest.mark.parametrize("slug", ["stale-mapping", "leak-on-release", "release-dead-range-as-full"])
 def test_a_seeded_bug_exits_1_with_a_trace_that_replay_reproduces(slug, tmp_path):
     # One mutant per kind (allocator tier, engine tier, a crash): every mutant is run this

@@ -114,7 +114,7 @@ def test_started_must_be_utc():
 def test_run_table_has_a_row_per_run_with_its_result_clause_and_trace():
     table = run_table(sample_report())
     lines = table.splitlines()
-    assert lines[0].split() == ["run", "examples", "steps", "steps/s", "result"]
+    assert lines[0].split() == ["run", "examples", "steps", "steps/s", "found", "after", "shrinking", "result"]
     assert len(lines) == 1 + 6 + 1  # header, runs, total
     violated = next(line for line in lines if line.startswith("engine P=4 W=6 I=4"))
     assert violated.split()[4:7] == ["37", "512", "256"] and f"VIOLATED I8  trace {TRACE} (9 steps)" in violated

@@ -4,13 +4,16 @@
 from hypothesis import HealthCheck, settings
 
 PROFILES = {
-    # name: (examples per state machine, steps per example)
-    "quick": (60, 30),
-    "ci": (300, 50),
-    "deep": (5000, 100),
+    # name: (examples per state machine, steps per example, shrink budget in seconds)
+    "quick": (60, 30, 30),
+    "ci": (300, 50, 60),
+    "deep": (5000, 100, 300),
 }
+"""The shrink budget bounds the time from a run's first counterexample to its end: a
+counterexample is found in seconds, and Hypothesis' own limit (300 s) let one run of a quick
+check shrink for minutes. Shrinking stops at the first example that ends past the budget."""
 
-for _name, (_examples, _steps) in PROFILES.items():
+for _name, (_examples, _steps, _) in PROFILES.items():
     settings.register_profile(
         f"kvspec-{_name}",
         max_examples=_examples,
@@ -33,3 +36,9 @@ def profile(name: str) -> settings:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}")
     return settings.get_profile(f"kvspec-{name}")
+
+
+def shrink_budget(name: str) -> float:
+    """The seconds a run of this profile may spend shrinking a counterexample (PROFILES)."""
+    profile(name)
+    return float(PROFILES[name][2])

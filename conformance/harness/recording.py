@@ -50,6 +50,8 @@ class RecordingMachine(RuleBasedStateMachine):
     """From reset_counters to the first failing step: the time to a counterexample."""
     first_failure_clauses: tuple[str, ...] = ()
     """What the first failing step broke (shrinking may end on another failure)."""
+    last_example_started = 0.0
+    """When the last example began: after a failure, Hypothesis' replay of the shrunk one."""
 
     @classmethod
     def reset_counters(cls):
@@ -62,6 +64,7 @@ class RecordingMachine(RuleBasedStateMachine):
         reported with its configuration."""
         cls = type(self)
         cls.examples += 1
+        cls.last_example_started = time.perf_counter()
         cls.keep_if_busiest()
         cls.config, cls.recorded, cls.traffic = config, [], 0
         cls.free_pages = {"free_full_pages": config["size_full"] // config["page_size"],

@@ -35,19 +35,30 @@ def result_text(run: RunResult) -> str:
     return text
 
 
+def shrinking_text(run: RunResult) -> str:
+    """How long a failing run shrank, and whether it stopped at its budget."""
+    if run.shrink_seconds is None:
+        return "-"
+    return f"{run.shrink_seconds:.1f} s" + (f" (stopped at {run.shrink_budget_seconds:g} s)"
+                                            if run.shrink_stopped_at_budget else "")
+
+
 def run_table(report: CheckReport) -> str:
-    """One row per run (examples, checked steps, steps per second, result) and a total."""
-    rows = [["run", "examples", "steps", "steps/s", "result"]]
+    """One row per run (examples, checked steps, steps per second, the time to its first
+    counterexample and the time spent shrinking it, result) and a total."""
+    rows = [["run", "examples", "steps", "steps/s", "found after", "shrinking", "result"]]
     for run in report.runs:
-        rows.append([run.label, str(run.examples), str(run.steps), rate(run.steps, run.seconds), result_text(run)])
+        found = "-" if run.first_failure_seconds is None else f"{run.first_failure_seconds:.1f} s"
+        rows.append([run.label, str(run.examples), str(run.steps), rate(run.steps, run.seconds), found,
+                     shrinking_text(run), result_text(run)])
     counts = verdict_counts(report)
     summary = ", ".join(f"{count} {verdict if verdict == 'ok' else verdict.upper()}"
                         for verdict, count in counts.items() if count)
     rows.append([f"total ({len(report.runs)} runs)", str(sum(run.examples for run in report.runs)),
                  str(sum(run.steps for run in report.runs)),
-                 rate(sum(run.steps for run in report.runs), sum(run.seconds for run in report.runs)),
+                 rate(sum(run.steps for run in report.runs), sum(run.seconds for run in report.runs)), "", "",
                  summary or "no runs"])
-    return aligned(rows, right_aligned={1, 2, 3})
+    return aligned(rows, right_aligned={1, 2, 3, 4})
 
 
 def class_table(report: CheckReport) -> str:

@@ -29,7 +29,7 @@ from ..harness.checks import StepFailure
 from ..harness.engine_machine import engine_machine
 from ..harness.families import RUNS
 from ..harness.isolation import Journal, Lost
-from ..harness.profiles import profile
+from ..harness.profiles import profile, shrink_budget
 from ..harness.protocol import Adapter, AdapterError, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.trace import Trace, load
@@ -100,7 +100,7 @@ class Job:
     shrink: bool = True
     """False keeps the first counterexample as found: sooner, but longer."""
     shrink_seconds: float | None = None
-    """Stop shrinking after this long (None: Hypothesis' own limit, 300 s)."""
+    """Stop shrinking after this long (None: the profile's budget, profiles.shrink_budget)."""
     picture: str | None = None
     """Where to draw the run (a .png, .svg or .pdf), or None."""
     example_database: str | None = None
@@ -150,9 +150,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
         if job.example_database is not None:
             chosen = settings(chosen, database=DirectoryBasedExampleDatabase(job.example_database))
-        if job.shrink_seconds is not None:
-            # Hypothesis has no public setting for it; its engine reads this module global
-            hypothesis_engine.MAX_SHRINKING_SECONDS = job.shrink_seconds
+        # Hypothesis has no public setting for it; its engine reads this module global
+        hypothesis_engine.MAX_SHRINKING_SECONDS = budget = job.shrink_seconds or shrink_budget(job.profile)
         run_state_machine_as_test(machine, settings=chosen)
     except AdapterError:
         raise
@@ -170,13 +169,25 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
                          (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
                          first_failure_seconds=machine.first_failure_seconds,
-                         first_failure_clauses=list(machine.first_failure_clauses), picture=picture(job, trace, adapter))
+                         first_failure_clauses=list(machine.first_failure_clauses), picture=picture(job, trace, adapter),
+                         **shrinking(machine, job.shrink and budget))
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
     elapsed = time.perf_counter() - started
     busiest = machine.busiest_example(adapter.name, job.seed, job.label)
     return RunResult(job.label, tier, "ok", machine.examples, machine.steps, elapsed, [], "", None, None,
                      *tallies(machine), picture=picture(job, busiest, adapter))
+
+
+def shrinking(machine, budget: float | None) -> dict:
+    """How long the run shrank its counterexample, and whether it stopped at the budget:
+    from the first failing example to the start of the last example run, Hypothesis'
+    replay of the one it keeps. Hypothesis only stops at an example that ended past the
+    budget, so a shrink that reached it stopped there. Nothing when it did not shrink."""
+    if not budget or machine.first_failure_seconds is None:
+        return {}
+    seconds = max(0.0, machine.last_example_started - machine.started - machine.first_failure_seconds)
+    return {"shrink_seconds": seconds, "shrink_budget_seconds": budget, "shrink_stopped_at_budget": seconds >= budget}
 
 
 def picture(job: Job, trace: Trace, adapter: Adapter) -> str | None:

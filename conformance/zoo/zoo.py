@@ -254,9 +254,9 @@ def add_command(subparsers):
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="how hard to search (default: ci)")
     parser.add_argument("--seed", type=int, default=0,
                         help="Hypothesis' seed (default 0, so that CI's verdict is reproducible)")
-    parser.add_argument("--shrink-seconds", type=float, default=60, metavar="SECONDS",
-                        help="stop shrinking a counterexample after this long (default 60; Hypothesis' own "
-                             "limit is 300, and some of these take that long)")
+    parser.add_argument("--shrink-seconds", type=float, metavar="SECONDS",
+                        help="stop shrinking a counterexample after this long (default: the profile's budget, "
+                             "60 s at ci; Hypothesis' own limit is 300, and some of these take that long)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (schemas/zoo.schema.json)")
     parser.add_argument("--traces", metavar="DIR", default="kvspec-traces/zoo",
                         help="where the shrunk counterexamples are saved (default: kvspec-traces/zoo)")
