@@ -36,6 +36,8 @@ class Node:
     """Receipts of SWA segment locks whose topmost node this is."""
     full_access: int = 0
     swa_access: int = 0
+    last_view: tuple | None = None
+    """(the state it showed, its NodeView, the objects the state names): PrefixTree.view."""
 
     @property
     def end(self) -> int:
@@ -234,8 +236,18 @@ class PrefixTree:
         return Ledgers(self.full.evictable, self.full.protected, self.swa.evictable, self.swa.protected)
 
     def views(self) -> tuple[NodeView, ...]:
-        return tuple(
-            NodeView(n.node_id, None if n.parent is None else n.parent.node_id, n.start, n.key,
-                     tuple(n.full.tolist()), None if n.swa is None else tuple(n.swa.tolist()),
-                     n.full_lock_ref, n.swa_lock_ref)
-            for n in self.nodes())
+        return tuple(map(self.view, self.nodes()))
+
+    @staticmethod
+    def view(n: Node) -> NodeView:
+        """A node as a snapshot shows it. A node's value tensors are replaced, never written
+        in place, so while they and the rest are the same its last view is still true and is
+        shown again: a snapshot after every step does not read every node back from torch."""
+        # the tensors by identity (last_view keeps them alive, so their ids stay theirs)
+        state = (id(n.parent), n.start, n.key, id(n.full), id(n.swa), n.full_lock_ref, n.swa_lock_ref)
+        if n.last_view is None or n.last_view[0] != state:
+            n.last_view = state, NodeView(
+                n.node_id, None if n.parent is None else n.parent.node_id, n.start, n.key,
+                tuple(n.full.tolist()), None if n.swa is None else tuple(n.swa.tolist()), n.full_lock_ref,
+                n.swa_lock_ref), (n.parent, n.full, n.swa)
+        return n.last_view[1]

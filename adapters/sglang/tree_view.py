@@ -11,7 +11,8 @@ from kvspec.spec.snapshot import Ledgers, NodeView
 
 
 def slots(value) -> tuple[int, ...]:
-    return tuple(int(slot) for slot in value)  # a tensor, or the root's empty list
+    """A node's value: a tensor (read in one call), or the root's empty list."""
+    return tuple(value.tolist() if hasattr(value, "tolist") else map(int, value))
 
 
 def tree_view(cache, component_type) -> tuple[tuple[NodeView, ...], Ledgers]:

@@ -19,6 +19,8 @@ from kvspec.spec.invariants import applicable
 from kvspec.spec.notation import Violation
 from kvspec.spec.registry import INVARIANT_CLASSES, violations
 
+from .incremental import Certificates
+
 
 class StepFailure(AssertionError):
     """A step that did not conform; `clauses` names what it broke."""
@@ -62,9 +64,14 @@ class Checks:
     """The invariants a driver runs after every step: every registered one that reads its
     snapshot type (kvspec.spec.registry; one of another memory model does not apply and
     is not counted), less those that read an observable the adapter does not show, which
-    are skipped (counted, never passed)."""
+    are skipped (counted, never passed).
 
-    def __init__(self, snapshot_type: type, observables: Iterable[str]):
+    Incrementally by default (incremental.py): a check whose certificate shows that it
+    finds nothing does not walk the snapshot; every other runs as the spec writes it.
+    `incremental=False` runs every check as the spec writes it."""
+
+    def __init__(self, snapshot_type: type, observables: Iterable[str], incremental: bool = True):
+        self.certificates = Certificates() if incremental else None
         observables = frozenset(observables)
         checks = applicable(snapshot_type)
         self.run = tuple(check for check in checks if check.reads <= observables)
@@ -74,7 +81,12 @@ class Checks:
     def violations(self, tally: "Tally", now, previous=None, step=None) -> list[Violation]:
         """Check `now` (and the step from `previous`, when there is one) with the spec's
         one runner, and count every check that ran or was skipped."""
-        found = violations(self.run, now, previous, step)
+        checks = self.run
+        if self.certificates is not None:
+            checks = [check for check in checks
+                      if not (check.compares_steps and previous is None)
+                      and not self.certificates.certifies(check, now, previous, step)]
+        found = violations(checks, now, previous, step)
         tally.record(self, previous is not None, found)
         return found
 
