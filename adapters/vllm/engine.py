@@ -82,6 +82,7 @@ class VllmEngine:
         self.finished_prefill: set[str] = set()
         self.retracted: dict[str, object] = {}
         self.replayed: Counter = Counter()
+        self.block_views: dict[int, tuple] = {}  # block id -> (ref count, key, Block): block_view
         """(hash, group) -> times stored less times removed, from the KV events."""
 
     # -- helpers --------------------------------------------------------------------------
@@ -214,12 +215,22 @@ class VllmEngine:
                 for block_hash in event.block_hashes:
                     self.replayed[(block_hash, event.group_idx)] += sign
 
+    def block_view(self, block) -> Block:
+        """A block as the spec shows it. While its ref count and key are the ones it last
+        showed, its last Block is shown again: reading the pool is then one comparison per
+        block, not a new object."""
+        key, last = block.block_hash, self.block_views.get(block.block_id)
+        if last is None or last[0] != block.ref_cnt or last[1] is not key:
+            last = self.block_views[block.block_id] = (
+                block.ref_cnt, key, Block(block.block_id, block.ref_cnt, None if key is None else self.key(key)))
+        return last[2]
+
     def block_pool(self) -> BlockPoolView:
         self.replay_events()
-        cache_map = []
-        for key, value in self.pool.cached_block_hash_to_block._cache.items():
+        key, cache_map = self.key, []
+        for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
             for block in (value.values() if isinstance(value, dict) else (value,)):
-                cache_map.append((*self.key(key), block.block_id))
+                cache_map.append((*key(block_hash), block.block_id))
         tables = {}
         for group, manager in enumerate(self.managers):
             for rid, table in manager.req_to_blocks.items():
@@ -229,11 +240,10 @@ class VllmEngine:
                          for rid in sorted(tables))
         return BlockPoolView(
             block_size=self.bs, window=self.config.window, groups=self.groups,
-            blocks=tuple(Block(b.block_id, b.ref_cnt, None if b.block_hash is None else self.key(b.block_hash))
-                         for b in self.pool.blocks),
+            blocks=tuple(map(self.block_view, self.pool.blocks)),
             free_queue=tuple(b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()),
-            requests=requests, cache_map=tuple(sorted(cache_map)),
-            replayed_map=tuple((h, g, count) for (h, g), count in sorted(self.replayed.items()) if count))
+            requests=requests, cache_map=tuple(cache_map),  # in the map's order: the checks read them as sets
+            replayed_map=tuple((h, g, count) for (h, g), count in self.replayed.items() if count))
 
     def request_view(self, rid: str, req, view: BlockPoolView) -> RequestView:
         bs = self.bs

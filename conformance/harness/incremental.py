@@ -20,8 +20,8 @@ What makes them cheap:
   * the rest is counting and comparing in C: sets, min and max, `tuple.count`, and the
     mapping's entries read with `operator.itemgetter`, never a Python loop over the pool.
 
-Only the two-pool model's checks have certificates; every other check runs as the spec
-writes it.
+The two-pool model's certificates are here, the block pool's (chapter 08) in
+incremental_block_pool.py; every other check runs as the spec writes it.
 """
 
 from collections.abc import Callable, Sequence
@@ -33,6 +33,8 @@ from kvspec.spec.invariants import accounting, tree, window
 from kvspec.spec.notation import MAPPING_SENTINEL, NO_SWA_PEER, SlotId
 from kvspec.spec.registry import Invariant
 from kvspec.spec.snapshot import NodeView, RequestView, Step, TwoPoolSnapshot
+
+from .incremental_block_pool import BlockPoolCertificates
 
 CANNOT_READ = (IndexError, KeyError, TypeError, ValueError, AttributeError)
 """A certificate that meets a snapshot it cannot read leaves it to the spec's predicate,
@@ -163,12 +165,13 @@ class Certificates:
             tree.lock_violations: self.locks,
             tree.tree_structure_violations: self.tree_structure,
             tree.eviction_violations: self.eviction,
+            **BlockPoolCertificates().by_function,
         }
 
     def certifies(self, check: Invariant, now, previous=None, step=None) -> bool:
         """Whether the certificate of `check` (if it has one) shows it finds nothing."""
         certificate = self.by_function.get(check.function)
-        if certificate is None or not isinstance(now, TwoPoolSnapshot):
+        if certificate is None or not isinstance(now, check.snapshot_type):
             return False
         try:
             return bool(certificate(previous, step, now) if check.compares_steps else certificate(now))
