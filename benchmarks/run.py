@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         if section == "speed":
             results["speed"] = speed(engines, steps, arguments.seed, rounds, progress)
         elif section == "scaling":
-            results["scaling"] = scaling([e for e in ("reference", "sglang") if e in engines], steps, arguments.seed,
+            results["scaling"] = scaling([e for e in ("reference", "sglang", "vllm") if e in engines], steps, arguments.seed,
                                          rounds, progress)
         elif section == "profile":
             results["profile"] = profile(engines, min(steps, 2000), arguments.seed, progress)

@@ -49,6 +49,24 @@ class RequestBlocks:
     """N: the tokens it has slots for after that allocation."""
 
 
+class PartialBlocks(dict):
+    """[OBS-4] The pool's blocks as a partial view shows them: the pool's length, and the
+    blocks it shows by id (reading another is a KeyError, which a check reports as a view
+    it cannot read)."""
+
+    def __init__(self, length: int, blocks: dict[int, Block]):
+        super().__init__(blocks)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PartialBlocks) and self.length == other.length and dict.__eq__(self, other)
+
+    __hash__ = None
+
+
 @dataclass(frozen=True)
 class BlockPoolView:
     """[BLOCK-1] Everything observable of a block pool between two operations."""
@@ -58,10 +76,12 @@ class BlockPoolView:
     """Tokens before the current one that a sliding-window layer reads (spec convention)."""
     groups: tuple[str, ...]
     """The kind of each layer group, by group id: FULL or SWA."""
-    blocks: tuple[Block, ...]
-    """Every block, by id; blocks[NULL_BLOCK] is the null block."""
+    blocks: tuple[Block, ...] | PartialBlocks
+    """Every block, by id; blocks[NULL_BLOCK] is the null block. A partial view [OBS-4]
+    shows some of them (PartialBlocks)."""
     free_queue: tuple[int, ...]
-    """The free blocks, in the order they are reused."""
+    """The free blocks, in the order they are reused; in a partial view, the shown blocks
+    that are free, by id."""
     requests: tuple[RequestBlocks, ...]
     """Every request that has a block table."""
     cache_map: tuple[tuple[int, int, int], ...]
@@ -69,7 +89,24 @@ class BlockPoolView:
     replayed_map: tuple[tuple[int, int, int], ...] | None = None
     """(hash, group id, count): the keys that replaying the engine's KV events from the
     start leaves, each with how many more times it was stored than removed (below 0 for
-    a key removed more often than stored); None for an engine that publishes none."""
+    a key removed more often than stored); None for an engine that publishes none. A
+    partial view shows the keys its cache map shows, each with all its entries."""
+    free_count: int = -1
+    """The length of the free queue (set from `free_queue` in a whole view)."""
+
+    def __post_init__(self):
+        if not isinstance(self.blocks, PartialBlocks):
+            object.__setattr__(self, "free_count", len(self.free_queue))
+
+
+def shown_blocks(view: BlockPoolView) -> list[tuple[int, Block]]:
+    """(id, block) of every block the view shows: all of them, or a partial view's."""
+    return list(view.blocks.items()) if isinstance(view.blocks, PartialBlocks) else list(enumerate(view.blocks))
+
+
+def real_blocks(view: BlockPoolView) -> list[Block]:
+    """The blocks the view shows, less the null block."""
+    return [block for index, block in shown_blocks(view) if index != NULL_BLOCK]
 
 
 @dataclass(frozen=True)
@@ -87,14 +124,14 @@ class BlockPoolSnapshot(EngineSnapshot):
 def block_pool_observables(snapshot: BlockPoolSnapshot, outcome: str) -> dict:
     """[OBS-3] What the spec fixes after a step of a shared-block-pool engine: the outcome,
     the free blocks (cached or not), and the lengths of each request."""
-    return {"outcome": outcome, "free_blocks": len(snapshot.block_pool.free_queue),
+    return {"outcome": outcome, "free_blocks": snapshot.block_pool.free_count,
             "requests": request_lengths(snapshot)}
 
 
 def drained_violations(snapshot: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-1] With every request released, every real block is free (cached or not)."""
     view = snapshot.block_pool
-    held = len(view.blocks) - 1 - len(view.free_queue)
+    held = len(view.blocks) - 1 - view.free_count
     return [Violation("BLOCK-1", f"{held} real blocks are not free (leak)")] if held else []
 
 
@@ -165,10 +202,10 @@ def pool_accounting_violations(now: BlockPoolSnapshot) -> list[Violation]:
                                               f"(1..{len(view.blocks) - 1})"))
         elif count > 1:
             found.append(Violation("BLOCK-1", f"block {block} is {count} times in the free queue"))
-    for index, block in enumerate(view.blocks):
+    for index, block in shown_blocks(view):
         if block.block_id != index:
             found.append(Violation("BLOCK-1", f"the pool's block {index} shows id {block.block_id}"))
-    for block in view.blocks[1:]:
+    for block in real_blocks(view):
         free = block.block_id in queued
         if free != (block.ref_cnt == 0):
             found.append(Violation("BLOCK-1", f"block {block.block_id} has ref count {block.ref_cnt} and is "
@@ -183,7 +220,7 @@ def reference_count_violations(now: BlockPoolSnapshot) -> list[Violation]:
     view = now.block_pool
     found = []
     references = table_references(view)
-    for block in view.blocks[1:]:
+    for block in real_blocks(view):
         if block.ref_cnt != references[block.block_id]:
             found.append(Violation("BLOCK-2", f"block {block.block_id} has ref count {block.ref_cnt} but "
                                               f"{references[block.block_id]} table entries hold it"))
@@ -317,7 +354,7 @@ def cache_map_violations(now: BlockPoolSnapshot) -> list[Violation]:
         elif view.blocks[block].block_hash != (key_hash, group):
             found.append(Violation("BLOCK-7", f"cache entry ({key_hash:#x}, group {group}) names block {block}, "
                                               f"whose key is {view.blocks[block].block_hash}"))
-    for block in view.blocks:
+    for _, block in shown_blocks(view):
         if block.block_hash is not None and (*block.block_hash, block.block_id) not in entries:
             found.append(Violation("BLOCK-7", f"block {block.block_id} is cached as {block.block_hash} but the map "
                                               f"has no such entry"))

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from kvspec.adapters.vllm import runtime
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.reference.engine import Engine
-from kvspec.spec.block_pool import NULL_BLOCK, SWA, swa_block_bound
+from kvspec.spec.block_pool import NULL_BLOCK, SWA, PartialBlocks, swa_block_bound
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, VLLM_0_33, Policy
@@ -157,3 +158,57 @@ def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "lacks policy version sglang-0.5.23 (it implements vllm-0.33)" in done.stdout
     assert "0 of 0 trace(s) replayed" in done.stdout
+
+
+# -- partial views [OBS-4] ---------------------------------------------------------------
+
+def first_failure(adapter_name: str, page_size: int, window: int, partial: bool, seed: int):
+    """The first step of the benchmark's workload at which a check fails, and its clauses;
+    with `partial`, every view after the first is a partial one."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from workload import Workload, small_pools
+
+    from kvspec.conformance.harness.checks import StepFailure
+    adapter = load_adapter(adapter_name)
+    workload = Workload(adapter, small_pools(page_size, window, Policy(VLLM_0_33, 4)), seed, check=True)
+    if partial:
+        workload.driver.period = 1 << 30
+    for index in range(400):
+        try:
+            workload.one()
+        except StepFailure as failure:
+            return index, failure.clauses
+    return None
+
+
+@pytest.mark.parametrize("mutant", ["hit-left-in-free-queue", "hit-without-reference", "window-release-without-free",
+                                    "null-block-freed", "evicted-key-stays-mapped", "no-removed-event",
+                                    "free-forgets-a-group", "table-one-block-short", "no-window-release"])
+def test_partial_views_find_each_seeded_bug_at_the_step_whole_views_do(mutant):
+    """A partial view shows what a step could change: the blocks the tables name now or
+    named at the last view, those an evict dropped, every cache key the events touched or
+    a shown block carries or lost. On every vLLM mutant its first failing step, and what
+    it breaks, are those of whole views (no-removed-event: a key whose block lost it)."""
+    page_size, window = (2, 5) if mutant in ("hit-left-in-free-queue", "hit-without-reference",
+                                            "window-release-without-free", "null-block-freed",
+                                            "no-window-release") else (4, 6)
+    whole = first_failure(f"vllm-mutant-{mutant}", page_size, window, False, 0)
+    assert whole is not None, "the mutant's bug is not reached by the workload at seed 0"
+    assert first_failure(f"vllm-mutant-{mutant}", page_size, window, True, 0) == whole
+
+
+def test_a_partial_view_is_the_whole_one_where_it_shows_it_and_large_pools_use_it():
+    d = driver("vllm", 1, 24, 1 << 16, 1 << 16)
+    assert d.period == 32
+    d.call("admit", {"rid": "a", "prompt": list(range(60))})
+    d.call("prefill_chunk", {"rid": "a", "chunk": 60, "token": 7})
+    for token in range(10):
+        d.call("decode", {"rid": "a", "token": token})
+    assert isinstance(d.previous.block_pool.blocks, PartialBlocks)  # the driver's schedule: partial between whole ones
+    partial, whole = d.engine.partial_snapshot().block_pool, d.engine.snapshot().block_pool
+    assert isinstance(partial.blocks, PartialBlocks) and len(partial.blocks) == len(whole.blocks)
+    assert 1 < len(partial.blocks.keys()) < len(whole.blocks) // 100
+    assert all(whole.blocks[i] == block for i, block in partial.blocks.items())
+    assert partial.free_count == len(whole.free_queue) == whole.free_count
+    assert set(partial.free_queue) == set(whole.free_queue) & partial.blocks.keys()
+    assert partial.requests == whole.requests and set(partial.cache_map) <= set(whole.cache_map)

@@ -32,8 +32,19 @@ the snapshot can compare what a consumer of the events knows with the real map (
 
 from collections import Counter
 from functools import lru_cache
+from itertools import compress
+from operator import attrgetter, is_not, ne, or_
 
-from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, RequestBlocks
+from kvspec.spec.block_pool import (
+    FULL,
+    NULL_BLOCK,
+    SWA,
+    Block,
+    BlockPoolSnapshot,
+    BlockPoolView,
+    PartialBlocks,
+    RequestBlocks,
+)
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for
@@ -42,6 +53,7 @@ from kvspec.spec.window import VLLM_0_33, validate_window_config
 
 from .runtime import vllm
 
+REF_COUNT, BLOCK_HASH, BLOCK_ID = attrgetter("ref_cnt"), attrgetter("_block_hash"), attrgetter("block_id")
 MAX_TOKENS = 1 << 30
 """A request's sampling limit: the engine tier decides when a request finishes."""
 
@@ -82,8 +94,19 @@ class VllmEngine:
         self.finished_prefill: set[str] = set()
         self.retracted: dict[str, object] = {}
         self.replayed: Counter = Counter()
-        self.block_views: dict[int, tuple] = {}  # block id -> (ref count, key, Block): block_view
         """(hash, group) -> times stored less times removed, from the KV events."""
+        self.block_views: dict[int, tuple] = {}
+        """Block id -> (ref count, key, Block): block_view."""
+        self.touched: set[tuple[int, int]] | None = set()
+        """The keys the events since the last view stored or removed; None after a clear."""
+        self.raw_keys: dict[tuple[int, int], object] = {}
+        """(hash, group) -> vLLM's own key of the cache map, for every key seen on a block."""
+        self.last_shown: frozenset[int] = frozenset()
+        """The blocks the last view showed (a partial view shows them again)."""
+        self.evicted: set[int] = set()
+        """The blocks `evict` dropped the keys of since the last view."""
+        self.shown_blocks: tuple[list, list, list] | None = None
+        """The ref counts, keys and Blocks the last whole view showed: every_block."""
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -186,14 +209,30 @@ class VllmEngine:
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         wanted = {FULL: pages_for(full_tokens, self.bs), SWA: pages_for(swa_tokens, self.bs)}
         chosen = []
-        for block in self.pool.free_block_queue.get_all_free_blocks():
+        for block in self.cached_free_blocks():
             if block.block_hash is not None:
                 kind = self.groups[self.v.get_group_id(block.block_hash)]
                 if wanted[kind] > 0:
                     wanted[kind] -= 1
                     chosen.append((kind, block.block_id))
         self.pool.evict_blocks({block_id for _, block_id in chosen})
+        self.evicted.update(block_id for _, block_id in chosen)  # the next partial view shows them
         return tuple(sum(kind == k for kind, _ in chosen) * self.bs for k in (FULL, SWA))
+
+    def cached_free_blocks(self) -> list:
+        """The free blocks the prefix cache maps, in the free queue's order (least recently
+        used first). The queue is as long as the pool and its head holds the blocks never
+        used, so it is walked back from its tail until every such block is met: the walk
+        ends at the oldest of them, and an evict costs what the cache holds, not the pool."""
+        missing = {block.block_id for value in self.pool.cached_block_hash_to_block._cache.values()
+                   for block in (value.values() if isinstance(value, dict) else (value,)) if block.ref_cnt == 0}
+        found, block = [], self.pool.free_block_queue.fake_free_list_tail.prev_free_block
+        while missing and block is not None and block.block_id >= 0:  # the fake head's id is -1
+            if block.block_id in missing:
+                missing.discard(block.block_id)
+                found.append(block)
+            block = block.prev_free_block
+        return found[::-1]
 
     # -- what it shows --------------------------------------------------------------------
 
@@ -210,10 +249,15 @@ class VllmEngine:
         for event in self.manager.take_events():
             if isinstance(event, v.AllBlocksCleared):
                 self.replayed.clear()
+                self.touched = None
             elif isinstance(event, (v.BlockStored, v.BlockRemoved)):
                 sign = 1 if isinstance(event, v.BlockStored) else -1
                 for block_hash in event.block_hashes:
                     self.replayed[(block_hash, event.group_idx)] += sign
+                    if not self.replayed[(block_hash, event.group_idx)]:
+                        del self.replayed[(block_hash, event.group_idx)]  # keep it as small as the cache
+                    if self.touched is not None:
+                        self.touched.add((block_hash, event.group_idx))
 
     def block_view(self, block) -> Block:
         """A block as the spec shows it. While its ref count and key are the ones it last
@@ -221,29 +265,59 @@ class VllmEngine:
         block, not a new object."""
         key, last = block.block_hash, self.block_views.get(block.block_id)
         if last is None or last[0] != block.ref_cnt or last[1] is not key:
-            last = self.block_views[block.block_id] = (
-                block.ref_cnt, key, Block(block.block_id, block.ref_cnt, None if key is None else self.key(key)))
+            shown = None if key is None else self.key(key)
+            if shown is not None:
+                self.raw_keys[shown] = key
+            if last is not None and last[2].block_hash not in (None, shown) and self.touched is not None:
+                self.touched.add(last[2].block_hash)  # the block lost its key: the map must have lost it too
+            last = self.block_views[block.block_id] = (block.ref_cnt, key, Block(block.block_id, block.ref_cnt, shown))
         return last[2]
+
+    def every_block(self) -> tuple[Block, ...]:
+        """Every block as block_view shows it, with the blocks that changed since the last
+        view found in C: their ref counts and keys read with attrgetter (`_block_hash`, the
+        slot behind vLLM's `block_hash` property) and compared with the last ones shown."""
+        pool, last = self.pool.blocks, self.shown_blocks
+        refs, keys = list(map(REF_COUNT, pool)), list(map(BLOCK_HASH, pool))
+        if last is None or len(last[0]) != len(pool):
+            changed = range(len(pool))
+            self.shown_blocks = last = (refs, keys, [None] * len(pool))
+        else:
+            changed = compress(range(len(pool)), map(or_, map(ne, refs, last[0]), map(is_not, keys, last[1])))
+        views = last[2]
+        for index in changed:
+            views[index] = self.block_view(pool[index])
+        self.shown_blocks = refs, keys, views
+        return tuple(views)
 
     def block_pool(self) -> BlockPoolView:
         self.replay_events()
-        key, cache_map = self.key, []
+        key, cache_map, tables = self.key, [], self.tables()
         for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
+            self.raw_keys[key(block_hash)] = block_hash
             for block in (value.values() if isinstance(value, dict) else (value,)):
                 cache_map.append((*key(block_hash), block.block_id))
+        blocks = self.every_block()
+        self.touched, self.evicted = set(), set()
+        self.last_shown = frozenset(b for blocks in tables.values() for t in blocks for b in t) | {b for *_, b in cache_map}
+        requests = self.request_blocks(tables)
+        return BlockPoolView(
+            block_size=self.bs, window=self.config.window, groups=self.groups, blocks=blocks,
+            free_queue=tuple(map(BLOCK_ID, self.pool.free_block_queue.get_all_free_blocks())),
+            requests=requests, cache_map=tuple(cache_map),  # in the map's order: the checks read them as sets
+            replayed_map=tuple((h, g, count) for (h, g), count in self.replayed.items() if count))
+
+    def tables(self) -> dict[str, list[tuple[int, ...]]]:
+        """Per request, its block table of each group."""
         tables = {}
         for group, manager in enumerate(self.managers):
             for rid, table in manager.req_to_blocks.items():
-                tables.setdefault(rid, [()] * len(self.managers))[group] = tuple(
-                    NULL_BLOCK if block.is_null else block.block_id for block in table)
-        requests = tuple(RequestBlocks(rid, tuple(tables[rid]), *self.allocation.get(rid, (0, 0)))
-                         for rid in sorted(tables))
-        return BlockPoolView(
-            block_size=self.bs, window=self.config.window, groups=self.groups,
-            blocks=tuple(map(self.block_view, self.pool.blocks)),
-            free_queue=tuple(b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()),
-            requests=requests, cache_map=tuple(cache_map),  # in the map's order: the checks read them as sets
-            replayed_map=tuple((h, g, count) for (h, g), count in self.replayed.items() if count))
+                # vLLM's null block is its block 0, NULL_BLOCK
+                tables.setdefault(rid, [()] * len(self.managers))[group] = tuple(map(BLOCK_ID, table))
+        return tables
+
+    def request_blocks(self, tables: dict[str, list[tuple[int, ...]]]) -> tuple[RequestBlocks, ...]:
+        return tuple(RequestBlocks(rid, tuple(tables[rid]), *self.allocation.get(rid, (0, 0))) for rid in sorted(tables))
 
     def request_view(self, rid: str, req, view: BlockPoolView) -> RequestView:
         bs = self.bs
@@ -259,6 +333,42 @@ class VllmEngine:
                            last_node=None)
 
     def snapshot(self) -> BlockPoolSnapshot:
-        view = self.block_pool()
+        return self.with_requests(self.block_pool())
+
+    def with_requests(self, view: BlockPoolView) -> BlockPoolSnapshot:
         requests = tuple(self.request_view(rid, req, view) for rid, req in sorted(self.requests.items()))
         return BlockPoolSnapshot(self.config, requests, view)
+
+    def partial_snapshot(self) -> BlockPoolSnapshot:
+        """[OBS-4] What changed, as chapter 08 reads it, at a cost that does not grow with the
+        pool: the blocks the tables name and those the last view showed, the cache entries
+        of the keys the events touched and of the shown cached blocks (with their replayed
+        counts), which shown blocks are free (vLLM links exactly the free blocks into its
+        queue, between a fake head and tail) and the queue's length. After a clear of the
+        whole cache, the whole view."""
+        self.replay_events()
+        tables = self.tables()
+        cache, touched = self.pool.cached_block_hash_to_block._cache, self.touched
+        current = {NULL_BLOCK, *self.evicted, *(b for blocks in tables.values() for t in blocks for b in t)}
+        blocks = {i: self.block_view(self.pool.blocks[i]) for i in current | self.last_shown}
+        if touched is None:
+            return self.snapshot()
+        keys = touched | {block.block_hash for block in blocks.values() if block.block_hash is not None}
+        if not keys <= self.raw_keys.keys():  # learn vLLM's own keys from its map (what it holds, not the pool)
+            self.raw_keys.update((self.key(raw), raw) for raw in cache)
+        cache_map = []
+        for key in keys:
+            value = cache.get(self.raw_keys.get(key))  # a key it never held is in no entry
+            for block in () if value is None else value.values() if isinstance(value, dict) else (value,):
+                cache_map.append((*key, block.block_id))
+                current.add(block.block_id)
+                if block.block_id not in blocks:
+                    blocks[block.block_id] = self.block_view(block)
+        self.touched, self.evicted, self.last_shown = set(), set(), frozenset(current)
+        free = tuple(sorted(i for i in blocks if self.pool.blocks[i].prev_free_block is not None))
+        view = BlockPoolView(
+            block_size=self.bs, window=self.config.window, groups=self.groups,
+            blocks=PartialBlocks(self.num_blocks, dict(sorted(blocks.items()))), free_queue=free,
+            free_count=self.pool.get_num_free_blocks(), requests=self.request_blocks(tables),
+            cache_map=tuple(cache_map), replayed_map=tuple((*key, self.replayed.get(key, 0)) for key in keys))
+        return self.with_requests(view)

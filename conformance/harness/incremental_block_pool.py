@@ -12,7 +12,7 @@ from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter, not_
 
 from kvspec.spec import block_pool
-from kvspec.spec.block_pool import NULL_BLOCK, SWA, BlockPoolSnapshot, BlockPoolView
+from kvspec.spec.block_pool import NULL_BLOCK, SWA, BlockPoolSnapshot, BlockPoolView, PartialBlocks
 from kvspec.spec.pages import pages_for
 
 block_ids, ref_counts, block_hashes = attrgetter("block_id"), attrgetter("ref_cnt"), attrgetter("block_hash")
@@ -40,10 +40,16 @@ class Pool:
         self.key_groups = dict(zip(self.hashed_ids, map(itemgetter(1), keys)))
 
 
+def whole_views_only(certificate):
+    def certify(now: BlockPoolSnapshot) -> bool:
+        return not isinstance(now.block_pool.blocks, PartialBlocks) and certificate(now)
+    return certify
+
+
 class BlockPoolCertificates:
     def __init__(self):
         self.pool: Pool | None = None
-        self.by_function = {
+        certificates = {
             block_pool.pool_accounting_violations: self.accounting,
             block_pool.reference_count_violations: self.reference_counts,
             block_pool.null_block_violations: self.null_block,
@@ -51,6 +57,8 @@ class BlockPoolCertificates:
             block_pool.cache_map_violations: self.cache_map,
             block_pool.event_replay_violations: self.event_replay,
         }
+        # a partial view [OBS-4] already shows only what a step could change: the spec reads it
+        self.by_function = {function: whole_views_only(certificate) for function, certificate in certificates.items()}
 
     def of(self, now: BlockPoolSnapshot) -> Pool:
         if self.pool is None or self.pool.view is not now.block_pool:
