@@ -50,6 +50,8 @@ class RecordingMachine(RuleBasedStateMachine):
     """From reset_counters to the first failing step: the time to a counterexample."""
     first_failure_clauses: tuple[str, ...] = ()
     """What the first failing step broke (shrinking may end on another failure)."""
+    first_failure_step: int | None = None
+    """How many steps were checked before the first failing one, over every example."""
     last_example_started = 0.0
     """When the last example began: after a failure, Hypothesis' replay of the shrunk one."""
 
@@ -58,6 +60,7 @@ class RecordingMachine(RuleBasedStateMachine):
         cls.examples, cls.steps, cls.tally, cls.config, cls.recorded = 0, 0, Tally(), {}, []
         cls.traffic, cls.busiest = 0, (0, {}, [])
         cls.started, cls.first_failure_seconds, cls.first_failure_clauses = time.perf_counter(), None, ()
+        cls.first_failure_step = None
 
     def start_example(self, config: dict[str, Any]):
         """Called before the implementation is built, so that a failure to build it is
@@ -85,7 +88,7 @@ class RecordingMachine(RuleBasedStateMachine):
             cls.recorded[-1] = replace(step, violated=failure.clauses or (failure.kind,), message=str(failure))
             if cls.first_failure_seconds is None:
                 cls.first_failure_seconds = time.perf_counter() - cls.started
-                cls.first_failure_clauses = failure.clauses
+                cls.first_failure_clauses, cls.first_failure_step = failure.clauses, cls.steps
             raise
         cls.steps += 1
         free_pages = {key: count for key, count in observed.items() if key.startswith("free_")}

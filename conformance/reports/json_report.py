@@ -50,6 +50,7 @@ def run_json(run: RunResult) -> dict:
                             for name in INVARIANT_CLASSES if name in run.skipped_because},
         "first_failure_seconds": None if run.first_failure_seconds is None else round(run.first_failure_seconds, 3),
         "first_failure_clauses": list(run.first_failure_clauses),
+        "first_failure_step": run.first_failure_step,
         "shrink_seconds": None if run.shrink_seconds is None else round(run.shrink_seconds, 3),
         "shrink_budget_seconds": run.shrink_budget_seconds,
         "shrink_stopped_at_budget": run.shrink_stopped_at_budget,

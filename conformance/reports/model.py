@@ -74,6 +74,7 @@ class RunResult:
     skipped_because: dict[str, str] = field(default_factory=dict)  # class -> "adapter lacks observable tree"
     first_failure_seconds: float | None = None  # to the first failing example, before shrinking
     first_failure_clauses: list[str] = field(default_factory=list)  # what that example broke
+    first_failure_step: int | None = None  # steps checked, over every example, before the first failing one
     shrink_seconds: float | None = None  # from the first failing example to the end of shrinking; None: not shrunk
     shrink_budget_seconds: float | None = None  # the budget it shrank under
     shrink_stopped_at_budget: bool = False  # shrinking was cut at the budget, not finished

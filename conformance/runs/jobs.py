@@ -169,7 +169,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                          machine.steps, elapsed, list(failure.clauses) if failure and failure.clauses else
                          (["OBS-3"] if kind == "diverged" else []), message, path, len(trace.steps), *tallies(machine),
                          first_failure_seconds=machine.first_failure_seconds,
-                         first_failure_clauses=list(machine.first_failure_clauses), picture=picture(job, trace, adapter),
+                         first_failure_clauses=list(machine.first_failure_clauses),
+                         first_failure_step=machine.first_failure_step, picture=picture(job, trace, adapter),
                          **shrinking(machine, job.shrink and budget))
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
