@@ -76,11 +76,22 @@ class Checks:
         if incremental is None:
             incremental = os.environ.get("KVSPEC_CHECKS", "incremental") != "naive"
         self.certificates = Certificates() if incremental else None
+        self.counted: dict[bool, tuple[Counter, Counter]] = {}
         observables = frozenset(observables)
         checks = applicable(snapshot_type)
         self.run = tuple(check for check in checks if check.reads <= observables)
         self.skipped = tuple((check, f"adapter lacks observable {', '.join(sorted(check.reads - observables))}")
                              for check in checks if not check.reads <= observables)
+
+    def counts(self, compared: bool) -> tuple[Counter, Counter]:
+        """Per invariant class, the checks that run and those skipped after a step (compared:
+        one with a previous snapshot), counted once."""
+        if compared not in self.counted:
+            applies = [check for check in self.run if compared or not check.compares_steps]
+            skips = [check for check, _ in self.skipped if compared or not check.compares_steps]
+            self.counted[compared] = (Counter(c.invariant_class for c in applies),
+                                      Counter(c.invariant_class for c in skips))
+        return self.counted[compared]
 
     def violations(self, tally: "Tally", now, previous=None, step=None) -> list[Violation]:
         """Check `now` (and the step from `previous`, when there is one) with the spec's
@@ -103,15 +114,18 @@ class Tally:
         self.skipped_because: dict[str, str] = {}
 
     def record(self, checks: Checks, compared: bool, violations: list[Violation]):
-        broken = {v.clause for v in violations}
-        for check in checks.run:
-            if compared or not check.compares_steps:
-                self.checked[check.invariant_class] += 1
-                self.violated[check.invariant_class] += check.clause in broken
-        for check, because in checks.skipped:
-            if compared or not check.compares_steps:
-                self.skipped[check.invariant_class] += 1
-                self.skipped_because[check.invariant_class] = because
+        checked, skipped = checks.counts(compared)
+        self.checked.update(checked)
+        if violations:
+            broken = {v.clause for v in violations}
+            for check in checks.run:
+                if (compared or not check.compares_steps) and check.clause in broken:
+                    self.violated[check.invariant_class] += 1
+        if skipped:
+            self.skipped.update(skipped)
+            for check, because in checks.skipped:
+                if compared or not check.compares_steps:
+                    self.skipped_because[check.invariant_class] = because
 
     def skip(self, invariant_class: str, because: str) -> None:
         """A check of this class that a step would have needed, not run."""

@@ -21,11 +21,12 @@ from .trace import TraceStep
 
 
 class EngineDriver:
-    def __init__(self, engine, model: MemoryModel, observables: frozenset[str], log=lambda line: None):
+    def __init__(self, engine, model: MemoryModel, observables: frozenset[str], log=None):
         self.engine = engine
         self.model = model
         self.observables = observables
-        self.log = log
+        self.log = log or (lambda line: None)
+        self.logging = log is not None  # a step's line is only written for someone who reads it
         self.tally = Tally()
         self.invariants = Checks(model.snapshot_type, observables)
         self.previous = self.snapshot()
@@ -60,7 +61,8 @@ class EngineDriver:
         return self.model.fixed_observables(self.previous, outcome)  # the snapshot the step's check took
 
     def call(self, operation: str, args: dict[str, Any]) -> Outcome:
-        self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
+        if self.logging:
+            self.log(f"{operation}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
         try:
             result = getattr(self.engine, operation)(*(args[name] for name in PARAMETERS[operation]))
         except InvalidRequest as error:
