@@ -135,9 +135,14 @@ def profile(engines, steps, seed, progress) -> list[dict]:
         total, check = cumulative("workload.py", "run"), cumulative("engine_driver.py", "check")
         snapshot = cumulative("engine_driver.py", "snapshot")
         parts = {"engine operation": cumulative("engine_driver.py", "call") - check, "snapshot": snapshot}
-        for c in Checks(adapter.model.snapshot_type, adapter.observables).run:
-            parts[c.clause] = parts.get(c.clause, 0) + cumulative(c.function.__code__.co_filename[-20:],
-                                                                      c.function.__name__)
+        checks = Checks(adapter.model.snapshot_type, adapter.observables, incremental=True)
+        for c in checks.run:
+            # the spec's predicate where it runs, and its certificate (incremental checking) where it has one
+            for function in (c.function, checks.certificates.by_function.get(c.function)):
+                if function is not None:
+                    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+                    code = code or getattr(function, "__wrapped__", function).__func__.__code__
+                    parts[c.clause] = parts.get(c.clause, 0) + cumulative(code.co_filename[-24:], code.co_name)
         parts["harness and workload"] = total - sum(parts.values())
         shares = {part: round(100 * seconds / total, 1) for part, seconds in parts.items()}
         rows.append(dict(engine=engine, steps=workload.steps, shares=dict(sorted(shares.items(), key=lambda kv: -kv[1]))))

@@ -8,6 +8,7 @@ in C (`map` with `attrgetter`/`itemgetter`, `compress`, `Counter`, `zip`).
 """
 
 from collections import Counter
+from functools import wraps
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter, not_
 
@@ -41,6 +42,7 @@ class Pool:
 
 
 def whole_views_only(certificate):
+    @wraps(certificate)
     def certify(now: BlockPoolSnapshot) -> bool:
         return not isinstance(now.block_pool.blocks, PartialBlocks) and certificate(now)
     return certify
