@@ -140,8 +140,8 @@ def profile(engines, steps, seed, progress) -> list[dict]:
             # the spec's predicate where it runs, and its certificate (incremental checking) where it has one
             for function in (c.function, checks.certificates.by_function.get(c.function)):
                 if function is not None:
-                    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
-                    code = code or getattr(function, "__wrapped__", function).__func__.__code__
+                    inner = getattr(function, "__wrapped__", function)  # a block-pool certificate's own method
+                    code = getattr(inner, "__func__", inner).__code__
                     parts[c.clause] = parts.get(c.clause, 0) + cumulative(code.co_filename[-24:], code.co_name)
         parts["harness and workload"] = total - sum(parts.values())
         shares = {part: round(100 * seconds / total, 1) for part, seconds in parts.items()}

@@ -19,7 +19,8 @@ if os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vl
     pytest.skip("vLLM is not installed: pip install --no-deps -r adapters/vllm/requirements.txt",
                 allow_module_level=True)
 
-from test_incremental import steps_of  # noqa: E402 - the same recorded workload runs
+import test_incremental  # noqa: E402 - the same recorded workload runs and comparison
+from test_incremental import steps_of  # noqa: E402
 
 from kvspec.conformance.harness.checks import Checks  # noqa: E402
 from kvspec.conformance.harness.incremental import Certificates  # noqa: E402
@@ -41,15 +42,7 @@ def recorded() -> list[tuple]:
 
 
 def mismatches(triples, certificates: Certificates) -> list[str]:
-    wrong = []
-    for index, (previous, step, now) in enumerate(triples):
-        for check in CHECKS:
-            if check.compares_steps and previous is None:
-                continue
-            naive = violations([check], now, previous, step)
-            if naive and certificates.certifies(check, now, previous, step):
-                wrong.append(f"step {index} {step}: {check.clause} {check.name} certified, but {naive[0]}")
-    return wrong
+    return test_incremental.mismatches(triples, certificates, CHECKS)
 
 
 def test_on_the_same_runs_incremental_and_naive_checks_find_the_same_violations(recorded):

@@ -54,6 +54,17 @@ from kvspec.spec.window import VLLM_0_33, validate_window_config
 from .runtime import vllm
 
 REF_COUNT, BLOCK_HASH, BLOCK_ID = attrgetter("ref_cnt"), attrgetter("_block_hash"), attrgetter("block_id")
+
+
+def mapped_blocks(value) -> tuple:
+    """The blocks one key of vLLM's prefix-cache map names: a block, or a dict of them."""
+    return tuple(value.values()) if isinstance(value, dict) else (value,)
+
+
+def table_blocks(tables: dict[str, list[tuple[int, ...]]]) -> set[int]:
+    """Every block the block tables name."""
+    return {block for per_group in tables.values() for table in per_group for block in table}
+
 MAX_TOKENS = 1 << 30
 """A request's sampling limit: the engine tier decides when a request finishes."""
 
@@ -225,7 +236,7 @@ class VllmEngine:
         used, so it is walked back from its tail until every such block is met: the walk
         ends at the oldest of them, and an evict costs what the cache holds, not the pool."""
         missing = {block.block_id for value in self.pool.cached_block_hash_to_block._cache.values()
-                   for block in (value.values() if isinstance(value, dict) else (value,)) if block.ref_cnt == 0}
+                   for block in mapped_blocks(value) if block.ref_cnt == 0}
         found, block = [], self.pool.free_block_queue.fake_free_list_tail.prev_free_block
         while missing and block is not None and block.block_id >= 0:  # the fake head's id is -1
             if block.block_id in missing:
@@ -295,11 +306,11 @@ class VllmEngine:
         key, cache_map, tables = self.key, [], self.tables()
         for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
             self.raw_keys[key(block_hash)] = block_hash
-            for block in (value.values() if isinstance(value, dict) else (value,)):
+            for block in mapped_blocks(value):
                 cache_map.append((*key(block_hash), block.block_id))
         blocks = self.every_block()
         self.touched, self.evicted = set(), set()
-        self.last_shown = frozenset(b for blocks in tables.values() for t in blocks for b in t) | {b for *_, b in cache_map}
+        self.last_shown = frozenset(table_blocks(tables) | {b for *_, b in cache_map})
         requests = self.request_blocks(tables)
         return BlockPoolView(
             block_size=self.bs, window=self.config.window, groups=self.groups, blocks=blocks,
@@ -347,19 +358,18 @@ class VllmEngine:
         queue, between a fake head and tail) and the queue's length. After a clear of the
         whole cache, the whole view."""
         self.replay_events()
-        tables = self.tables()
-        cache, touched = self.pool.cached_block_hash_to_block._cache, self.touched
-        current = {NULL_BLOCK, *self.evicted, *(b for blocks in tables.values() for t in blocks for b in t)}
-        blocks = {i: self.block_view(self.pool.blocks[i]) for i in current | self.last_shown}
-        if touched is None:
+        if self.touched is None:
             return self.snapshot()
-        keys = touched | {block.block_hash for block in blocks.values() if block.block_hash is not None}
+        tables, cache = self.tables(), self.pool.cached_block_hash_to_block._cache
+        current = {NULL_BLOCK, *self.evicted, *table_blocks(tables)}
+        blocks = {i: self.block_view(self.pool.blocks[i]) for i in current | self.last_shown}
+        keys = self.touched | {block.block_hash for block in blocks.values() if block.block_hash is not None}
         if not keys <= self.raw_keys.keys():  # learn vLLM's own keys from its map (what it holds, not the pool)
             self.raw_keys.update((self.key(raw), raw) for raw in cache)
         cache_map = []
         for key in keys:
             value = cache.get(self.raw_keys.get(key))  # a key it never held is in no entry
-            for block in () if value is None else value.values() if isinstance(value, dict) else (value,):
+            for block in () if value is None else mapped_blocks(value):
                 cache_map.append((*key, block.block_id))
                 current.add(block.block_id)
                 if block.block_id not in blocks:
