@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.outcomes import OutOfMemory
+from kvspec.spec.window import TWO_POOL_VERSIONS
 
 
 def as_list(result):
@@ -75,7 +76,9 @@ class ADAPTER:
 
     name = "reference"
     policy_version = "sglang-0.5.23"
+    policy_versions = TWO_POOL_VERSIONS  # every version of chapters 01-07: kvspec.spec.window decides
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                    "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode")
+                    "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
+                    "paged_recurrent_state", "releases_state_at_stop")
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

@@ -2,8 +2,9 @@
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
                    [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential [ADAPTER]] [--run TEXT]
-                   [--no-shrink] [--plot FILE]
-    kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--verbose] [--plot FILE]
+                   [--no-shrink] [--plot FILE] [--memory-limit GIB]
+    kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--memory-limit GIB] [--verbose] [--plot FILE]
+                   [--allow-skipped]
     kvspec vectors --out DIR [--seed N]
     kvspec diff-helpers --adapter X
     kvspec zoo     [--implementation all|reference|sglang] [--only TEXT] [--json F] [-n WORKERS]
@@ -25,32 +26,84 @@ import time
 from pathlib import Path
 
 from .harness.checks import ImplementationCrash
-from .harness.isolation import Journal, Lost, run_jobs
+from .harness.isolation import MEMORY_LIMIT, Journal, Lost, run_jobs
 from .harness.profiles import PROFILES
 from .harness.protocol import AdapterError, load_adapter
 from .harness.replay import Replay, replay, unmet_requirements
 from .harness.trace import TraceError, kvspec_version, load
 from .reports.json_report import write_json
 from .reports.junit import write_junit
-from .reports.model import CheckReport, utc_now
+from .reports.model import INTERRUPTS, CheckReport, utc_now
 from .reports.text import class_table, run_table
 from .review.diff_helpers import add_command as add_diff_helpers
 from .review.occupancy import PlotError, draw, picture_path, timeline
 from .review.spec_view import add_command as add_spec
-from .runs.jobs import Job, isolated_check, lost_check, machines, probe, skipped_runs, slug
-from .runs.vectors import corpus_files, write_corpus
+from .runs.jobs import Job, isolated_check, lost_check, machines, require_page_sizes, skipped_runs, slug
+from .runs.vectors import corpus, write_corpus
 from .zoo.zoo import add_command as add_zoo
 
 
-def positive_seconds(text: str) -> float:
-    """An option's seconds: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} seconds: give a finite number above 0")
-    return value
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled): unwinds like Ctrl-C, so the workers are stopped and
+    a check still writes what finished."""
+
+
+def terminate(signum, frame):
+    raise Terminated()
+
+
+def signal_name(stop: KeyboardInterrupt) -> str:
+    return "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
+
+
+def positive_number(unit: str):
+    """An option's type: a finite number of `unit` above 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text} {unit}: give a finite number above 0")
+        return value
+    return parse
+
+
+positive_seconds = positive_number("seconds")
+gibibytes = positive_number("GiB")
+
+
+def memory_bytes(args) -> int:
+    return int(args.memory_limit * (1 << 30))
+
+
+def existing_ancestor(path: Path) -> Path:
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def output_file(text: str) -> str:
+    """An option's file to write: not a directory, and in a folder that is or can be
+    made (checked before the run, so that a finished run's report is never lost)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file to write, e.g. {path / 'report'}")
+    if not existing_ancestor(path.parent).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {existing_ancestor(path.parent)} is not a directory, so the file "
+                                         f"cannot be written there; name a file in a directory")
+    return text
+
+
+def output_directory(text: str) -> str:
+    """An option's directory to write into: a directory, or one that can be made."""
+    path = Path(text)
+    if os.path.lexists(path) and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory; name a directory (it is made if "
+                                         f"missing)")
+    if not existing_ancestor(path).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {existing_ancestor(path)} is not a directory; name a directory")
+    return text
 
 
 def pictures(plot: Path | None, names: list[str]) -> dict[str, str | None]:
@@ -66,10 +119,8 @@ def pictures(plot: Path | None, names: list[str]) -> dict[str, str | None]:
 def check(args) -> int:
     plot = picture_path(args.plot) if args.plot else None  # a bad --plot fails before the adapter loads
     adapter = load_adapter(args.adapter)
-    probe(adapter)
+    require_page_sizes(adapter)  # building an implementation runs its code: each worker does that (probe)
     other = load_adapter(args.differential) if args.differential else None
-    if other is not None:
-        probe(other)
     labels = [label for label, _ in machines(adapter)]
     if args.run:
         # each TEXT picks the run it names exactly, else every run whose label contains it
@@ -106,23 +157,37 @@ def check(args) -> int:
             print("    " + result.message.replace("\n", "\n    "))
             if result.trace:
                 print(f"    trace ({result.trace_steps} steps): {result.trace}\n"
-                      f"    replay: kvspec replay {result.trace} --adapter {args.adapter}", flush=True)
+                      f"    replay: kvspec replay {result.trace} --adapter {result.replay_adapter or args.adapter}",
+                      flush=True)
         if result.picture:
             print(f"    picture: {result.picture}", flush=True)
 
-    run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done,
-             preload=adapter.preload + (other.preload if other else ()))
+    interrupted = None
+    try:
+        run_jobs(jobs, isolated_check, lost_check, args.workers, args.step_timeout, done,
+                 preload=adapter.preload + (other.preload if other else ()), memory_limit=memory_bytes(args))
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the workers are stopped; report what finished
+        interrupted = signal_name(stop)
+        print(f"\nkvspec check: interrupted ({interrupted}) with {len(results)} of {len(jobs)} runs finished; "
+              f"the report holds those, marked interrupted", flush=True)
     report = CheckReport(kvspec_version(), adapter.name, adapter.policy_version, args.profile, args.seed, stamp,
-                         time.perf_counter() - started, [results[label] for label in labels])
+                         time.perf_counter() - started, [results[label] for label in labels if label in results],
+                         interrupted, [label for label in labels if label not in results] if interrupted else [])
     print()
     print(run_table(report))
     print()
     print(class_table(report))
+    status = report.exit_status
     for path, write in ((args.json, write_json), (args.junit, write_junit)):
         if path:
-            write(report, path)
+            try:
+                write(report, path)
+            except OSError as error:  # checked before the run; it changed since (or is not writable)
+                print(f"kvspec: cannot write {path}: {error.strerror}; the report is lost", file=sys.stderr)
+                status = status or 2
+                continue
             print(f"wrote {path}")
-    return report.exit_status
+    return status
 
 
 def isolated_replay(task: tuple[str, str, bool, str | None], journal: Journal
@@ -132,7 +197,11 @@ def isolated_replay(task: tuple[str, str, bool, str | None], journal: Journal
     path, adapter_spec, verbose, picture = task
     try:
         trace, adapter = load(path), load_adapter(adapter_spec)
-        result = replay(trace, adapter, print if verbose else lambda line: None, journal=journal)
+        try:
+            result = replay(trace, adapter, print if verbose else lambda line: None, journal=journal,
+                            judge_trace=True)
+        except TraceError as error:  # the trace breaks the lifecycle at a step
+            raise TraceError(f"{path}: {error}") from None
         if picture is not None:
             draw(timeline(trace, adapter, trace.label or Path(path).stem), picture)
         return result, picture
@@ -150,9 +219,7 @@ def lost_replay(task, lost: Lost) -> tuple[Replay, None]:
 
 def replay_command(args) -> int:
     plot = picture_path(args.plot) if args.plot else None  # a bad --plot fails before anything runs
-    target = Path(args.trace)
-    corpus = corpus_files(target) if target.is_dir() else [(target, None)]
-    traces = {path: load(path) for path, _ in corpus}  # every file parses before anything runs
+    traces = corpus(Path(args.trace))  # every file parses, and matches the index, before anything runs
     drawn = pictures(plot, [path.stem for path in traces])
     adapter = load_adapter(args.adapter)
     skipped = {path: unmet for path, trace in traces.items() if (unmet := unmet_requirements(trace, adapter))}
@@ -184,10 +251,27 @@ def replay_command(args) -> int:
             print(f"     picture: {picture}", flush=True)
 
     replayed = [path for path in traces if path not in skipped]
-    run_jobs([(str(path), args.adapter, args.verbose, drawn[path.stem]) for path in replayed], isolated_replay,
-             lost_replay, args.workers, args.step_timeout, done, preload=adapter.preload)
+    finished = 0
+
+    def counted(task, outcome):
+        nonlocal finished
+        done(task, outcome)
+        finished += 1
+
+    try:
+        run_jobs([(str(path), args.adapter, args.verbose, drawn[path.stem]) for path in replayed], isolated_replay,
+                 lost_replay, args.workers, args.step_timeout, counted, preload=adapter.preload,
+                 memory_limit=memory_bytes(args))
+    except KeyboardInterrupt as stop:
+        print(f"\nkvspec replay: interrupted ({signal_name(stop)}) with {finished} of {len(replayed)} trace(s) "
+              f"replayed: {failures} failed", flush=True)
+        return 128 + INTERRUPTS[signal_name(stop)]
     print(f"\n{len(replayed) - failures} of {len(replayed)} trace(s) replayed in full without a violation"
           + (f"; {len(skipped)} skipped (the adapter lacks what they need)" if skipped else ""))
+    if not replayed and not args.allow_skipped:
+        raise AdapterError(f"nothing was replayed: adapter {args.adapter!r} lacks what each of the {len(skipped)} "
+                           f"trace(s) needs (see the skips above), so none was checked; replay traces it can run, "
+                           f"or pass --allow-skipped to accept that")
     return 1 if failures else 0
 
 
@@ -207,9 +291,10 @@ def main(argv=None) -> int:
                               help="adapter: a built-in name (reference, mutant-...), an entry point, or module:attribute")
     check_parser.add_argument("--profile", default="quick", choices=sorted(PROFILES), help="how hard to search")
     check_parser.add_argument("--seed", type=int, help="fix Hypothesis' seed to reproduce a run")
-    check_parser.add_argument("--json", metavar="FILE", help="write the report as JSON (schemas/report.schema.json)")
-    check_parser.add_argument("--junit", metavar="FILE", help="write the report as JUnit XML")
-    check_parser.add_argument("--traces", metavar="DIR", default="kvspec-traces",
+    check_parser.add_argument("--json", metavar="FILE", type=output_file,
+                              help="write the report as JSON (schemas/report.schema.json)")
+    check_parser.add_argument("--junit", metavar="FILE", type=output_file, help="write the report as JUnit XML")
+    check_parser.add_argument("--traces", metavar="DIR", default="kvspec-traces", type=output_directory,
                               help="where counterexample traces are saved (default: kvspec-traces)")
     check_parser.add_argument("--run", action="append", metavar="TEXT",
                               help="only the runs whose label contains TEXT (repeatable), e.g. 'engine P=4 W=6'")
@@ -236,25 +321,32 @@ def main(argv=None) -> int:
     replay_parser.add_argument("--plot", metavar="FILE",
                                help="draw the pools per step to FILE (.png, .svg or .pdf; a directory of traces: "
                                     "FILE-<trace>.png each); needs matplotlib")
+    replay_parser.add_argument("--allow-skipped", action="store_true",
+                               help="exit 0 when every trace is skipped (the adapter lacks what each needs); "
+                                    "without it, a replay that replays nothing exits 2")
     replay_parser.set_defaults(func=replay_command)
 
     zoo_parser = add_zoo(commands)
     for command in (check_parser, replay_parser, zoo_parser):
         command.add_argument("-n", "--workers", type=int, default=1, metavar="WORKERS",
                              help=f"runs in parallel, each in its own process (this machine has {os.cpu_count()} CPUs)")
-        command.add_argument("--step-timeout", type=float, default=60.0, metavar="SECONDS",
+        command.add_argument("--step-timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
                              help="a step that takes longer is a hang (default: 60)")
+    for command in (check_parser, replay_parser):
+        command.add_argument("--memory-limit", type=gibibytes, default=MEMORY_LIMIT / (1 << 30), metavar="GIB",
+                             help="a worker whose resident memory grows past this is a crash of the implementation, "
+                                  f"with its trace (default: {MEMORY_LIMIT >> 30} GiB; Linux)")
 
     vectors_parser = commands.add_parser("vectors", help="write kvspec's conformance vectors from the reference")
-    vectors_parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the corpus to")
+    vectors_parser.add_argument("--out", required=True, metavar="DIR", type=output_directory,
+                                help="directory to write the corpus to")
     vectors_parser.add_argument("--seed", type=int, default=20261130, help="seed of the random lifecycles")
     vectors_parser.set_defaults(func=vectors_command)
 
     add_diff_helpers(commands)
     add_spec(commands)
     args = parser.parse_args(argv)
-    # SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worker processes are killed too
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, terminate)
     if getattr(args, "workers", 1) < 1:
         parser.error("-n/--workers must be at least 1")
     try:
@@ -262,6 +354,9 @@ def main(argv=None) -> int:
     except (AdapterError, TraceError, PlotError) as error:
         print(f"kvspec: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # before or after the runs: nothing to report
+        print(f"kvspec: interrupted ({signal_name(stop)})", file=sys.stderr)
+        return 128 + INTERRUPTS[signal_name(stop)]
     except BrokenPipeError:  # the output was piped into a reader that stopped (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush does not raise
         return 1

@@ -1,6 +1,7 @@
 """Run the kvspec conformance suite from pytest, in your own CI.
 
-    pytest --kvspec-adapter=ADAPTER [--kvspec-profile=quick|ci|deep] [--kvspec-seed=N] [-n auto]
+    pytest --kvspec-adapter=ADAPTER [--kvspec-profile=quick|ci|deep] [--kvspec-seed=N]
+           [--kvspec-shrink-seconds=S] [-n auto]
 
 ADAPTER is what `kvspec check --adapter` takes: a built-in name (`reference`), a name
 registered under the `kvspec.adapters` entry-point group, or `module:attribute` (your
@@ -56,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how hard to search: quick, ci or deep (default: quick)")
     group.addoption("--kvspec-seed", metavar="N", type=int, default=None,
                     help="fix Hypothesis' seed, to reproduce a run")
+    group.addoption("--kvspec-shrink-seconds", metavar="S", type=float, default=None,
+                    help="stop shrinking a counterexample after S seconds (default: the profile's budget, "
+                         "as kvspec check)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # installed everywhere: stay out of sessions that did not ask for kvspec
     # Imported only now, so that a session without the option never pays for (or
     # trips over) the conformance machinery.
-    from kvspec.conformance.harness.profiles import profile
+    from kvspec.conformance.harness.profiles import profile, shrink_budget
     from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 
     # Refused here, before any collection or xdist worker starts, so that a wrong
@@ -78,19 +82,23 @@ def pytest_configure(config: pytest.Config) -> None:
         hypothesis_settings = profile(profile_name)
     except ValueError as error:
         raise pytest.UsageError(f"--kvspec-profile: {error}") from None
+    shrink_seconds = config.getoption("kvspec_shrink_seconds")
+    if shrink_seconds is not None and not 0 < shrink_seconds < float("inf"):
+        raise pytest.UsageError(f"--kvspec-shrink-seconds: {shrink_seconds:g} is not a positive number of seconds")
     config.addinivalue_line(
         "markers", "kvspec(tier, **config): a kvspec conformance run (added by --kvspec-adapter)")
     config.pluginmanager.register(
         ConformanceRuns(adapter_spec, adapter, profile_name, hypothesis_settings,
-                        config.getoption("kvspec_seed")),
+                        config.getoption("kvspec_seed"), shrink_seconds or shrink_budget(profile_name)),
         "kvspec-conformance-runs")
 
 
 class ConformanceRuns:
     """The hooks that exist only in a session given --kvspec-adapter."""
 
-    def __init__(self, adapter_spec, adapter, profile_name, hypothesis_settings, seed):
+    def __init__(self, adapter_spec, adapter, profile_name, hypothesis_settings, seed, shrink_seconds):
         self.adapter_spec = adapter_spec
+        self.shrink_seconds = shrink_seconds
         self.adapter = adapter
         self.profile_name = profile_name
         self.hypothesis_settings = hypothesis_settings
@@ -99,7 +107,8 @@ class ConformanceRuns:
     def pytest_report_header(self) -> str:
         seed = "random" if self.seed is None else self.seed
         return (f"kvspec: adapter {self.adapter_spec} ({self.adapter.name}, policy "
-                f"{self.adapter.policy_version}), profile {self.profile_name}, seed {seed}")
+                f"{self.adapter.policy_version}), profile {self.profile_name}, seed {seed}, "
+                f"shrinking for at most {self.shrink_seconds:g} s")
 
     # tryfirst: the runs must be in the list before -k, -m and --deselect filter it.
     @pytest.hookimpl(tryfirst=True)
@@ -162,6 +171,8 @@ class ConformanceRun(pytest.Item):
         from hypothesis import seed, settings
         from hypothesis.stateful import run_state_machine_as_test
 
+        from kvspec.conformance.harness.profiles import shrinking_within
+
         machine, run_settings = self.machine, self.runs.hypothesis_settings
         if self.runs.seed is not None:
             # On the class itself: run_state_machine_as_test reads the seed from the
@@ -170,7 +181,8 @@ class ConformanceRun(pytest.Item):
             # Without the example database, as hypothesis.seed does for a test it seeds:
             # examples saved by earlier runs would make the same seed search differently.
             run_settings = settings(run_settings, database=None)
-        run_state_machine_as_test(machine, settings=run_settings)
+        with shrinking_within(self.runs.shrink_seconds):  # as kvspec check: the profile's budget
+            run_state_machine_as_test(machine, settings=run_settings)
 
     def repr_failure(self, excinfo, style=None):
         from kvspec.conformance.harness.protocol import AdapterError

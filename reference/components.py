@@ -80,10 +80,13 @@ class SWAComponent:
             self.evictable += len(node)
 
     def tombstone(self, node: "Node") -> int:
-        """Free the node's SWA KV and keep the node (its full KV stays)."""
+        """Free the node's SWA KV and keep the node (its full KV stays). Its state
+        checkpoint goes with it (STATE-8): the node can no longer end a match."""
         assert node.swa is not None and node.swa_lock_ref == 0
         self.tree.allocator.free_swa_segment(node.full, node.start)
         node.swa = None
+        if self.tree.state is not None:
+            self.tree.state.drop_checkpoint(node)
         self.evictable -= len(node)
         return len(node)
 

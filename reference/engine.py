@@ -30,10 +30,12 @@ from kvspec.spec.lifecycle import (
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView, Step, TwoPoolSnapshot, held_full_slots
+from kvspec.spec.state import HybridStateSnapshot, is_checkpoint_boundary, min_state_slots
 from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
 from .hybrid import HybridAllocator
+from .state import StatePool
 from .tree import Node, PrefixTree, TreeLock
 
 
@@ -53,6 +55,8 @@ class Request:
     decode_steps: int = 0
     finished_prefill: bool = False
     lock: TreeLock | None = None
+    state_slot: int | None = None
+    """[STATE-2] Its working state slot, in a model with recurrent layers."""
 
     @property
     def last_node(self) -> Node | None:
@@ -76,6 +80,12 @@ class Engine:
         if config.policy.version not in TWO_POOL_VERSIONS:
             problems.append(f"the reference implements the two-pool model ({', '.join(TWO_POOL_VERSIONS)}); "
                             f"{config.policy.version!r} is a shared block pool, checked by chapter 08's clauses")
+        if config.state_slots and config.state_slots < min_state_slots(config.max_requests):
+            problems.append(f"a state pool needs at least {min_state_slots(config.max_requests)} slots for "
+                            f"{config.max_requests} requests (STATE-2; got {config.state_slots})")
+        if config.state_slots and (config.state_grid < 1 or config.state_grid % config.page_size):
+            problems.append(f"state_grid must be a multiple of the page size {config.page_size} "
+                            f"(STATE-3; got {config.state_grid})")
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         self.config = config
@@ -88,7 +98,9 @@ class Engine:
         self.req_to_token = torch.zeros(config.max_requests + 1, self.max_context_len, dtype=torch.int64,
                                         device=self.allocator.device)
         self.free_rows = list(range(config.max_requests, 0, -1))
-        self.tree = (PrefixTree(self.allocator, config.page_size, config.window, config.policy.version)
+        self.states = StatePool(config.state_slots, config.state_grid, self.allocator.device) \
+            if config.state_slots else None
+        self.tree = (PrefixTree(self.allocator, config.page_size, config.window, config.policy.version, self.states)
                      if config.policy.supports_prefix_sharing else None)
         self.requests: dict[str, Request] = {}
         self.waiting: dict[str, list[int]] = {}
@@ -125,16 +137,33 @@ class Engine:
         request.lock = self.tree.lock(node)
         self.set_row(request, 0, self.tree.path_values(node))
         request.cache_protected_len = request.kv_allocated_len = request.kv_committed_len = length
+        if self.states is not None and node.state is not None:
+            self.states.copy(node.state, request.state_slot)  # [STATE-5] copy-on-write
 
     def take_row(self, rid: str, tokens: list[int]) -> Request | OutOfMemory:
+        """A row, and in a model with recurrent layers a working state slot (STATE-2)."""
         if not self.free_rows:
             return OutOfMemory("requests", 1, 0)
-        request = Request(rid, list(tokens), self, row_index=self.free_rows.pop())
+        state_slot = None
+        if self.states is not None:
+            state_slot = self.tree.state.alloc() if self.tree is not None else self.states.alloc()
+            if state_slot is None:
+                return OutOfMemory("state", 1, 0)
+        request = Request(rid, list(tokens), self, row_index=self.free_rows.pop(), state_slot=state_slot)
         self.requests[rid] = request
         return request
 
+    def compute(self, request: Request, start: int, end: int) -> None:
+        """The forward of positions [start, end): the recurrent layers read those tokens (STATE-4)."""
+        if request.state_slot is not None:
+            self.states.advance(request.state_slot, request.tokens[start:end])
+
     def drop(self, request: Request) -> None:
-        """Give the request's row back (its KV is already released)."""
+        """Give the request's row back (its KV is already released), and its working
+        state unless it became a checkpoint (STATE-9)."""
+        if request.state_slot is not None:
+            self.states.free(request.state_slot)
+            request.state_slot = None
         self.req_to_token[request.row_index].zero_()
         self.free_rows.append(request.row_index)
         request.row_index = None
@@ -185,6 +214,7 @@ class Engine:
         request.kv_allocated_len = request.kv_committed_len = fill
         request.swa_evicted_seqlen = fill - tail
         request.finished_prefill = True
+        self.compute(request, prefix, fill)  # the state arrives with the KV
         return None
 
     # -- prefill and decode ---------------------------------------------------------------
@@ -206,6 +236,7 @@ class Engine:
             return slots
         self.set_row(request, start, slots)
         request.kv_allocated_len = request.kv_committed_len = end
+        self.compute(request, start, end)
         if self.tree is not None:
             self.checkpoint(request, end, finished=False)
         if end == len(request.tokens):
@@ -232,6 +263,7 @@ class Engine:
             return slots
         self.set_row(request, seq_len - 1, slots)
         request.kv_allocated_len = request.kv_committed_len = seq_len
+        self.compute(request, seq_len - 1, seq_len)
         request.tokens.append(next_token)
         request.decode_steps += 1
         return None
@@ -244,17 +276,34 @@ class Engine:
         it. The request's row then points at the tree's slots, and its lock moves to
         the new last node."""
         tree = self.tree
-        if not finished:
-            tree.swa.free_out_of_window_slots(request, up_to - 1, eviction_interval=1)
+        if not finished:  # the release hook of every component: only SWA's frees anything
+            for component in tree.components:
+                component.free_out_of_window_slots(request, up_to - 1, eviction_interval=1)
         end = insert_end(up_to, self.page_size)
         node = tree.insert(request.tokens[:end], request.slots(0, end).clone(),
                            request.cache_protected_len, request.swa_evicted_seqlen)
+        self.checkpoint_state(request, node, finished)
         values = tree.path_values(node)
         assert len(values) == end, "the inserted key ends at the returned node"
         self.set_row(request, request.cache_protected_len, values[request.cache_protected_len:])
         tree.unlock(request.lock)
         request.lock = tree.lock(node)
         request.cache_protected_len = end
+
+    def checkpoint_state(self, request: Request, node: Node, finished: bool) -> None:
+        """[STATE-3, STATE-9] Where the insert ends at the request's computed tokens, on
+        the grid, and the node holds no checkpoint yet: keep the working state there, a
+        copy of it while the request runs, the slot itself at a finish."""
+        state = self.tree.state
+        if (state is None or node.state is not None or node.end != request.kv_committed_len
+                or not is_checkpoint_boundary(node.end, self.states.grid)):
+            return
+        if finished:
+            state.set_checkpoint(node, request.state_slot)
+            request.state_slot = None
+        elif (slot := state.alloc()) is not None:
+            self.states.copy(request.state_slot, slot)
+            state.set_checkpoint(node, slot)
 
     # -- release ----------------------------------------------------------------------
 
@@ -303,18 +352,24 @@ class Engine:
     # -- observation ------------------------------------------------------------------
 
     def snapshot(self) -> TwoPoolSnapshot:
-        return TwoPoolSnapshot(self.config, self.allocator.state(),
-                              tuple(r.view() for r in self.requests.values()),
-                              () if self.tree is None else self.tree.views(),
-                              None if self.tree is None else self.tree.ledgers())
+        return self.snapshot_with(self.allocator.state(), tuple(r.view() for r in self.requests.values()),
+                                  () if self.tree is None else self.tree.views())
 
     def partial_snapshot(self) -> TwoPoolSnapshot:
         """[OBS-4] The same, but the allocator shows free counts and the mapping of the
         slots the requests and nodes hold only: its cost does not grow with the pools."""
         requests = tuple(r.view() for r in self.requests.values())
         nodes = () if self.tree is None else self.tree.views()
-        return TwoPoolSnapshot(self.config, self.allocator.partial_state(held_full_slots(requests, nodes)), requests, nodes,
-                              None if self.tree is None else self.tree.ledgers())
+        return self.snapshot_with(self.allocator.partial_state(held_full_slots(requests, nodes)), requests, nodes)
+
+    def snapshot_with(self, allocator, requests, nodes) -> TwoPoolSnapshot:
+        ledgers = None if self.tree is None else self.tree.ledgers()
+        if self.states is None:
+            return TwoPoolSnapshot(self.config, allocator, requests, nodes, ledgers)
+        working = [(r.rid, r.tokens, r.state_slot) for r in self.requests.values()]
+        checkpoints, locks, state_ledgers = self.tree.state.views() if self.tree is not None else ([], [], None)
+        return HybridStateSnapshot(self.config, allocator, requests, nodes, ledgers,
+                                   state=self.states.view(working, checkpoints, locks, state_ledgers))
 
     def check_invariants(self, previous: TwoPoolSnapshot | None = None, step: Step | None = None) -> TwoPoolSnapshot:
         """Check every invariant; on a violation raise with the state that explains it.
@@ -343,4 +398,10 @@ def describe(snapshot: TwoPoolSnapshot) -> str:
                      f"{n.swa_lock_ref} full {list(n.full_value)} swa {swa}")
     if snapshot.ledgers:
         lines.append(f"ledgers {snapshot.ledgers}")
+    if isinstance(snapshot, HybridStateSnapshot):
+        view = snapshot.state
+        lines.append(f"state pool: {len(view.free_slots)}/{view.num_slots} slots free {sorted(view.free_slots)}, "
+                     f"grid {view.grid}, ledgers {view.evictable}/{view.protected}")
+        lines += [f"state of request {r.rid}: {list(r.values)}" for r in view.requests]
+        lines += [f"checkpoint of node {node_id}: {value}" for node_id, value in view.checkpoints]
     return "\n".join(lines)

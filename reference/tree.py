@@ -19,6 +19,7 @@ from kvspec.spec.snapshot import Ledgers, NodeView
 
 if TYPE_CHECKING:
     from .hybrid import HybridAllocator
+    from .state import StatePool
 
 
 @dataclass(eq=False)
@@ -36,6 +37,10 @@ class Node:
     """Receipts of SWA segment locks whose topmost node this is."""
     full_access: int = 0
     swa_access: int = 0
+    state: int | None = None
+    """The slot of the node's state checkpoint (reference/state.py), if it holds one."""
+    state_lock_ref: int = 0
+    state_access: int = 0
     last_view: tuple | None = None
     """(the state it showed, its NodeView, the objects the state names): PrefixTree.view."""
 
@@ -63,8 +68,10 @@ class TreeLock:
 
 
 class PrefixTree:
-    def __init__(self, allocator: "HybridAllocator", page_size: int, window: int, version: str):
+    def __init__(self, allocator: "HybridAllocator", page_size: int, window: int, version: str,
+                 state_pool: "StatePool | None" = None):
         from .components import FullComponent, SWAComponent  # they import this module
+        from .state import StateComponent
 
         self.allocator = allocator
         self.page_size = page_size
@@ -76,7 +83,8 @@ class PrefixTree:
         self.root = Node(next(self.ids), None, 0, (), empty, empty, full_lock_ref=1, swa_lock_ref=1)
         self.full: FullComponent = FullComponent(self)
         self.swa: SWAComponent = SWAComponent(self)
-        self.components = (self.full, self.swa)
+        self.state: StateComponent | None = None if state_pool is None else StateComponent(self, state_pool)
+        self.components = (self.full, self.swa) + ((self.state,) if self.state else ())
 
     # -- structure --------------------------------------------------------------------
 
@@ -136,11 +144,14 @@ class PrefixTree:
 
     def is_evictable_leaf(self, node: Node) -> bool:
         """[TREE-5] Not the root, no children, no lock of any component."""
-        return node is not self.root and not node.children and node.full_lock_ref == 0 and node.swa_lock_ref == 0
+        return (node is not self.root and not node.children and node.full_lock_ref == 0 and node.swa_lock_ref == 0
+                and node.state_lock_ref == 0)
 
     def delete_leaf(self, node: Node) -> int:
         """[TREE-5] Free every component's KV of an evictable leaf and remove it."""
         assert self.is_evictable_leaf(node), "only unlocked leaves are deleted"
+        if self.state is not None:
+            self.state.drop_checkpoint(node)
         if node.swa is not None:
             self.swa.evictable -= len(node)
             self.allocator.free_segment(node.full, node.start)
@@ -174,6 +185,7 @@ class PrefixTree:
         """LRU: the path to `node` becomes most recent for Full, deeper nodes more recent;
         for SWA only the nodes within `window + page_size` tokens above it."""
         path = list(node.path_to_root())
+        node.state_access = next(self.clock)  # a match uses the state of its end only
         for n in reversed(path):
             n.full_access = next(self.clock)
         covered = 0
@@ -217,11 +229,15 @@ class PrefixTree:
     def lock(self, node: Node) -> TreeLock:
         """[TREE-4] Full locks the path to the root; SWA locks a segment covering the window."""
         self.full.lock(node)
+        if self.state is not None:
+            self.state.lock(node)
         return TreeLock(node, self.swa.lock(node))
 
     def unlock(self, receipt: TreeLock) -> None:
         self.full.unlock(receipt.node)
         self.swa.unlock(receipt.node, receipt.swa_boundary)
+        if self.state is not None:
+            self.state.unlock(receipt.node)
 
     # -- eviction ---------------------------------------------------------------------
 

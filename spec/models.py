@@ -6,16 +6,19 @@ of that model's type. An invariant reads the snapshot type its `now` is annotate
 it is neither run nor counted. A model's `observables` are the parts of its snapshot an
 adapter may be unable to fill in; a check that reads one the adapter lacks is skipped.
 
-A third model (a recurrent-state pool, say) is a new entry here with its own snapshot
-type, chapter and invariants; the other two stay as they are.
+An engine whose model has recurrent layers keeps a state pool beside its KV (chapter
+09): its snapshot type extends its model's, so every check of that model still applies,
+and the state's checks apply besides. `with_state(model)` is that model.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .block_pool import BlockPoolSnapshot, block_pool_observables, drained_violations
+from .block_pool_state import BlockPoolStateSnapshot, block_pool_state_drained_violations, block_pool_state_observables
 from .notation import Violation
 from .snapshot import EngineSnapshot, TwoPoolSnapshot, two_pool_drained_violations, two_pool_observables
+from .state import HybridStateSnapshot, state_drained_violations, state_observables
 from .window import TWO_POOL_VERSIONS, VLLM_0_33
 
 
@@ -46,15 +49,45 @@ BLOCK_POOL = MemoryModel(
 """One block pool shared by every layer group. block_pool: the pool, tables, cache map
 and events; rows: the requests' rows and cursors."""
 
-MODELS = {model.name: model for model in (TWO_POOL, BLOCK_POOL)}
+TWO_POOL_STATE = MemoryModel(
+    "two-pool-state", "chapters 01-07 and 09", HybridStateSnapshot, TWO_POOL.observables,
+    TWO_POOL_VERSIONS, state_observables, state_drained_violations)
+"""The two pools and the prefix tree, and a pool of recurrent states with checkpoints in
+the tree (full + SWA + state). Its snapshot always shows the state pool (what each slot
+has read, the checkpoints' locks and ledgers), so its observables are the two-pool ones."""
+
+BLOCK_POOL_STATE = MemoryModel(
+    "block-pool-state", "chapters 08 and 09", BlockPoolStateSnapshot, BLOCK_POOL.observables, (VLLM_0_33,),
+    block_pool_state_observables, block_pool_state_drained_violations)
+"""One block pool shared by the attention groups and a recurrent-state group (STATE-10..14).
+Its snapshot always shows the state group, so its observables are the block-pool ones."""
+
+MODELS = {model.name: model for model in (TWO_POOL, BLOCK_POOL, TWO_POOL_STATE, BLOCK_POOL_STATE)}
+STATE_MODELS = {TWO_POOL.name: TWO_POOL_STATE, BLOCK_POOL.name: BLOCK_POOL_STATE}
+"""[OBS-1] The model of an engine of each model that also has recurrent layers."""
 
 
-def model_of_version(policy_version: str) -> MemoryModel | None:
-    """The model whose engines implement a policy version (None for an unknown version)."""
-    return next((model for model in MODELS.values() if policy_version in model.policy_versions), None)
+def with_state(model: MemoryModel) -> MemoryModel | None:
+    """The model an engine of `model` has once it keeps recurrent state; None where the
+    spec states none."""
+    return model if model in STATE_MODELS.values() else STATE_MODELS.get(model.name)
+
+
+def model_for(model: MemoryModel, config) -> MemoryModel:
+    """[OBS-1] The model of an engine of `model` built with `config` (an EngineConfig):
+    with recurrent state where the configuration has a state pool."""
+    return (with_state(model) or model) if config.state_slots else model
+
+
+def model_of_version(policy_version: str, state: bool = False) -> MemoryModel | None:
+    """The model whose engines implement a policy version (None for an unknown version),
+    with recurrent state where `state`."""
+    model = next((model for model in MODELS.values() if policy_version in model.policy_versions), None)
+    return with_state(model) if state and model is not None else model
 
 
 def fixed_observables(snapshot: EngineSnapshot, outcome: str) -> dict:
     """[OBS-3] What the spec fixes after a step, for the snapshot's own model."""
-    model = next(model for model in MODELS.values() if isinstance(snapshot, model.snapshot_type))
+    model = max((model for model in MODELS.values() if isinstance(snapshot, model.snapshot_type)),
+                key=lambda model: len(model.snapshot_type.__mro__))  # the most specific
     return model.fixed_observables(snapshot, outcome)

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from .notation import Violation
 
-INVARIANT_CLASSES = ("alignment", "window-liveness", "window-bound", "leak", "mapping", "ownership", "locks", "atomicity")
+INVARIANT_CLASSES = ("alignment", "window-liveness", "window-bound", "leak", "mapping", "ownership", "locks", "atomicity",
+                     "state")
+"""`state`: a recurrent state that has not read exactly the tokens its holder claims (chapter 09)."""
 
 REGISTERED: list["Invariant"] = []
 """Every invariant, in the order its module registered it (kvspec.spec.invariants imports

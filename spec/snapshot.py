@@ -23,6 +23,10 @@ class EngineConfig:
     size_swa: int
     max_requests: int = 8
     policy: Policy = Policy()
+    state_slots: int = 0
+    """[STATE-1] Slots of the recurrent-state pool; 0: the model has no recurrent layers."""
+    state_grid: int = 1
+    """[STATE-3] Checkpoints of the state are taken only at multiples of this many tokens."""
 
 
 @dataclass(frozen=True)

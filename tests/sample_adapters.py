@@ -6,6 +6,7 @@ from kvspec.adapters.reference import ADAPTER as REFERENCE
 from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
+from kvspec.spec.window import TWO_POOL_VERSIONS
 
 
 class LeakyHybridAllocator(HybridAllocator):
@@ -81,7 +82,9 @@ class GreedyEvictionAdapter(ReferenceEngineAdapter):
 
 
 def engine_adapter(name, make_engine, **extra):
-    return type(name, (), {"name": name.lower(), "policy_version": "sglang-0.5.23", "make_engine": make_engine,
+    """An adapter of the reference's engine with one change: every version it implements."""
+    return type(name, (), {"name": name.lower(), "policy_version": "sglang-0.5.23",
+                           "policy_versions": TWO_POOL_VERSIONS, "make_engine": make_engine,
                            "capabilities": ("page_size_1", "page_size_gt_1", "pd_decode", "chunked_prefill"),
                            **extra})
 

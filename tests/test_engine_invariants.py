@@ -142,7 +142,8 @@ def node(snapshot: TwoPoolSnapshot, node_id: int) -> NodeView:
 
 def test_every_clause_is_registered_once_per_part_with_a_known_class():
     assert {invariant.clause for invariant in INVARIANTS} == {f"I{n}" for n in range(1, 17)} | {
-        f"BLOCK-{n}" for n in range(1, 9)}  # the shared block pool's (chapter 08)
+        f"BLOCK-{n}" for n in range(1, 9)} | {  # the shared block pool's (chapter 08)
+        f"STATE-{n}" for n in range(1, 15)}  # recurrent state's (chapter 09: two-pool 1..9, block pool 10..14)
     assert all(invariant.invariant_class in INVARIANT_CLASSES for invariant in INVARIANTS)
     classes = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
     assert classes["I8"] == "window-liveness" and classes["I9"] == classes["I10"] == "window-bound"
@@ -271,6 +272,25 @@ def test_i9_chunk_without_out_of_window_release():
 
 def test_i9_chunk_publishes_live_swa_below_the_cursor():
     assert clauses(engine(**BEFORE_FIRST_CHUNK), CHUNK, engine(cursor=4, a_live=True, **PREFILL)) == {"I9"}
+
+
+def test_i9_reads_the_bumped_cursor_from_what_the_chunk_published_only():
+    # The cursor was raised to cpl after the insert (SGLang's branch insert, SGL-8), so the
+    # tree tells the insert's cursor: the live run the chunk published, [4, 16), within the
+    # span. A, live before with the same slots, is another holder's, not the chunk's: found
+    # by CI's SGLang Python-core differential run (engine P=1 W=3 I=4), where reading the
+    # run back to 0 reported a violation SGLang did not commit.
+    before = engine(tree="a", a_live=True, cursor=0, allocated=0, committed=0, decode_steps=0, finished_prefill=False,
+                    seq_len=40)
+    assert clauses(before, CHUNK, engine(cursor=16, a_live=True, **PREFILL)) == set()
+
+
+def test_i9_a_chunk_that_revives_a_tombstone_below_its_window_publishes_it():
+    # The same, but A was a tombstone before: the chunk revived it, so the run it published
+    # is [0, 16), more than the span.
+    before = engine(tree="a", a_live=False, cursor=0, allocated=0, committed=0, decode_steps=0, finished_prefill=False,
+                    seq_len=40)
+    assert clauses(before, CHUNK, engine(cursor=16, a_live=True, **PREFILL)) == {"I9"}
 
 
 def test_i10_all_tombstone_leaf():

@@ -34,7 +34,7 @@ def machine_for(adapter, run: Run):
         machine = allocator_machine(adapter.make_allocator, run.page_size)
     else:
         policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
-        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy)
+        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, state_grid=run.state_grid)
     # the seed goes on the machine class: run_state_machine_as_test reads it there
     return seed(SEED)(machine)
 

@@ -25,15 +25,18 @@ from kvspec.conformance.review.occupancy import (
     BLOCKS_UNACCOUNTED,
     CACHED_FREE,
     CALLER,
+    CHECKPOINT_LOCKED,
     EVICTABLE,
     FREE,
     FULL_TABLES,
     NOT_ATTRIBUTED,
     PRIVATE,
     PROTECTED,
+    STATE_UNACCOUNTED,
     SWA_BLOCKS,
     SWA_TABLES,
     UNACCOUNTED,
+    WORKING,
     Point,
     Timeline,
     allocator_occupancy,
@@ -545,3 +548,34 @@ def test_a_block_leaked_on_real_vllm_is_drawn_unaccounted_from_the_step_that_lea
     assert all(("BLOCK-2" in point.violated) == (point.step >= finishes[0]) for point in run.points)
     assert all(sum(point.occupancy.blocks.values()) == 24 for point in run.points)
     assert is_png(draw(run, tmp_path / "leak.png"))
+
+
+# -- a state pool (spec chapter 09) -------------------------------------------------------------
+
+STATE_TRACE = Trace("engine", engine_config_json(EngineConfig(2, 5, 64, 32, 2, state_slots=5, state_grid=4)),
+                    "reference", (TraceStep("admit", {"rid": "a", "prompt": [1, 2, 0, 1, 2, 2, 0, 1, 1, 0]}),
+                                  TraceStep("prefill_chunk", {"rid": "a", "chunk": 4, "token": 0}),
+                                  TraceStep("prefill_chunk", {"rid": "a", "chunk": 6, "token": 0}),
+                                  TraceStep("admit", {"rid": "b", "prompt": [1, 2, 0, 1, 0, 0]}),
+                                  TraceStep("abort", {"rid": "a"})))
+
+
+def test_a_state_pool_gets_a_panel_of_working_states_checkpoints_and_free_slots(tmp_path):
+    run = timeline(STATE_TRACE, load_adapter("reference"))
+    assert run.panels == ("full", "swa", "state") and run.pool_pages["state"] == 5
+    slots = [point.occupancy.pools["state"] for point in run.points]
+    assert all(sum(counts.values()) == 5 and counts[STATE_UNACCOUNTED] == 0 for counts in slots)
+    # after the first chunk: a's working state and its locked checkpoint at 4
+    assert (slots[1][WORKING], slots[1][CHECKPOINT_LOCKED], slots[1][FREE]) == (1, 1, 3)
+    # b hits a's checkpoint at 4 (copy-on-write: a slot of its own); a's abort unlocks what it held
+    assert slots[3][WORKING] == 2 and slots[4][WORKING] == 1
+    assert is_png(draw(run, tmp_path / "state.png"))
+
+
+def test_a_leaked_state_slot_is_drawn_unaccounted():
+    leaky = timeline(STATE_TRACE, load_adapter("mutant-retract-keeps-state"))  # retract is not in this trace
+    assert all(point.occupancy.pools["state"][STATE_UNACCOUNTED] == 0 for point in leaky.points)
+    abort_leaks = replace(STATE_TRACE, steps=(*STATE_TRACE.steps[:-1], TraceStep("retract", {"rid": "a"})))
+    leaked = timeline(abort_leaks, load_adapter("mutant-retract-keeps-state"))
+    assert leaked.points[-1].occupancy.pools["state"][STATE_UNACCOUNTED] == 1
+    assert "STATE-1" in leaked.points[-1].violated

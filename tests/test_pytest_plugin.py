@@ -49,14 +49,15 @@ def test_the_reference_passes_one_item_per_machine(pytester):
     collected.stdout.fnmatch_lines(["kvspec[[]allocator P=1]", "kvspec[[]engine P=4 W=6 I=4]"])
     result = pytester.runpytest(*PLUGIN, "--kvspec-adapter=reference", *QUICK, *ONE_PER_TIER, "-v")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["kvspec: adapter reference *profile quick, seed 1",
+    result.stdout.fnmatch_lines(["kvspec: adapter reference *profile quick, seed 1, shrinking for at most 30 s",
                                  "kvspec[[]allocator P=4] PASSED*", "kvspec[[]engine P=4 W=6 I=4] PASSED*"])
 
 
 def test_a_leaky_adapter_fails_naming_the_clause_and_the_shrunk_calls(pytester, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
+    # Shrinking for 5 s, not the quick profile's 30 (unbounded, as the plugin once was, 2-3 min)
     result = pytester.runpytest(*PLUGIN, "--kvspec-adapter=sample_adapters:LEAKY", *QUICK, "-rfs",
-                                "-m", "kvspec(P=1) or kvspec(lacks='engine tier')")
+                                "--kvspec-shrink-seconds=5", "-m", "kvspec(P=1) or kvspec(lacks='engine tier')")
     result.assert_outcomes(failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*[[]I2] full pool*leaked pages*", "state = AllocatorMachine*",
                                  "free_segment(*", "FAILED kvspec[[]allocator P=1] - *[[]I2]*"])
@@ -131,3 +132,10 @@ def test_xdist_workers_collect_the_same_items_and_share_them(pytester):
     output = result.stdout.str()
     assert "[gw0]" in output and "[gw1]" in output
     result.stdout.fnmatch_lines_random(["*PASSED kvspec[[]allocator P=4]*", "*PASSED kvspec[[]allocator P=16]*"])
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "inf", "-1"])
+def test_a_shrink_budget_that_is_no_positive_number_is_a_usage_error(pytester, value):
+    result = pytester.runpytest(*PLUGIN, "--kvspec-adapter=reference", f"--kvspec-shrink-seconds={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvspec-shrink-seconds: * is not a positive number of seconds*"])

@@ -264,7 +264,7 @@ def test_junit_failure_error_and_skipped_say_what_and_where():
     assert crashed.get("type") == "crashed" and "\\x1b[31mCUDA error\\x1b[0m\\x00" in crashed.text
     skipped = testcases["engine P=16 W=5 I=4"].find("skipped")
     assert skipped.get("message") == (f"every check skipped: {NO_FREE_IDS} (alignment, window-bound, leak, ownership, "
-                                      f"locks, atomicity); {NO_TREE} (window-liveness, mapping)")
+                                      f"locks, atomicity, state); {NO_TREE} (window-liveness, mapping)")
     passed = testcases["allocator P=16"]
     assert [child.tag for child in passed] == ["system-out"]
     assert f"window-liveness: 0 checked, 0 violated, 1700 skipped ({NO_TREE})" in passed.find("system-out").text

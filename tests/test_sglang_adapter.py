@@ -8,6 +8,7 @@ KVSPEC_REQUIRE_SGLANG=1, which turns a missing SGLang into a failure instead of 
 import importlib.util
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("
 
 from kvspec.adapters.sglang.runtime import sglang
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.replay import replay
+from kvspec.conformance.harness.trace import load
 from kvspec.conformance.runs.jobs import probe
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
@@ -98,3 +101,13 @@ def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unhel
     assert fixed_observables(partial, "ok") == fixed_observables(whole, "ok")
     for snapshot in (whole, partial):  # what the adapter shows (the Rust core: no tree)
         assert Checks(adapter.model.snapshot_type, adapter.observables).violations(Tally(), snapshot) == []
+
+
+@pytest.mark.parametrize("adapter", ["sglang-python", "sglang", "reference"])
+def test_a_branch_insert_over_live_and_recovered_nodes_keeps_i9(adapter):
+    """tests/vectors/i9-branch-insert.jsonl: CI's differential run found I9 reading a
+    chunk's cursor from live nodes the chunk did not publish (a spec mistake, fixed in
+    spec.invariants.window.insert_cursor); SGLang's trees and the reference conform on it.
+    tests/test_engine_invariants.py has the same case on hand-built snapshots."""
+    result = replay(load(Path(__file__).parent / "vectors" / "i9-branch-insert.jsonl"), load_adapter(adapter))
+    assert result.conforms, result.verdict()

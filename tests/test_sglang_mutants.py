@@ -57,7 +57,7 @@ def machine_for(adapter, run: Run):
     else:
         policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
         machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, adapter.capabilities,
-                                 adapter.observables)
+                                 adapter.observables, model=adapter.model, state_grid=run.state_grid)
     machine.reset_counters()
     return seed(SEED)(machine)  # run_state_machine_as_test reads the seed on the class
 

@@ -148,3 +148,50 @@ def test_fuzzed_traces_load_or_raise_trace_error_and_never_run_code(data):
     else:
         assert isinstance(parsed, Trace) and all(step.op in OPERATIONS[parsed.tier] for step in parsed.steps)
     assert not MARKER.exists()
+
+
+def one_version_adapter(**declared):
+    from kvspec.adapters.reference import ReferenceEngineAdapter
+    return type("ONE_VERSION", (), {"name": "one-version", "policy_version": "sglang-0.5.23",
+                                    "capabilities": ("page_size_1", "page_size_gt_1"),
+                                    "make_engine": ReferenceEngineAdapter, **declared})
+
+
+def test_a_trace_of_a_policy_version_the_adapter_does_not_implement_is_skipped():
+    """An adapter implements its policy_version alone unless it declares policy_versions;
+    the reference declares every two-pool version. (SGLang's adapter refused to build an
+    engine of another version, so a replay of the whole corpus stopped at the first one.)"""
+    from kvspec.conformance.harness.protocol import load_adapter, validate
+    from kvspec.conformance.harness.replay import unmet_requirements
+
+    other = Trace("engine", {"page_size": 4, "window": 6, "size_full": 64, "size_swa": 32, "max_requests": 4,
+                             "policy": {"version": "design-margin", "decode_eviction_interval": 4}}, "x",
+                  (TraceStep("admit", {"rid": "r1", "prompt": [1, 2, 3]}),))
+    assert unmet_requirements(other, validate(one_version_adapter(), "x")) == [
+        "policy version design-margin (it implements sglang-0.5.23)"]
+    both = validate(one_version_adapter(policy_versions=("sglang-0.5.23", "design-margin")), "x")
+    assert unmet_requirements(other, both) == [] and both.policy_versions == ("sglang-0.5.23", "design-margin")
+    assert unmet_requirements(other, load_adapter("reference")) == []
+    assert unmet_requirements(other, load_adapter("mutant-leak-on-release")) == []
+
+
+@pytest.mark.parametrize("versions, says", [(("design-margin",), "must include its policy_version 'sglang-0.5.23'"),
+                                            (("sglang-0.5.23", "vllm-0.33"), "are not versions of the two-pool model")])
+def test_bad_policy_versions_are_a_clear_adapter_error(versions, says):
+    from kvspec.conformance.harness.protocol import AdapterError, validate
+
+    with pytest.raises(AdapterError, match=says):
+        validate(one_version_adapter(policy_versions=versions), "x")
+
+
+def test_an_allocator_trace_with_a_misuse_needs_refuses_misuse():
+    from kvspec.adapters.reference import ReferenceAllocatorAdapter
+    from kvspec.conformance.harness.protocol import validate
+    from kvspec.conformance.harness.replay import unmet_requirements
+
+    trace = Trace("allocator", {"page_size": 4, "size_full": 16, "size_swa": 12}, "x",
+                  (TraceStep("free_padding_page", {}),))
+    lacking = validate(type("NO_MISUSE", (), {"name": "n", "policy_version": "sglang-0.5.23",
+                                              "capabilities": ("page_size_gt_1",),
+                                              "make_allocator": ReferenceAllocatorAdapter}), "x")
+    assert unmet_requirements(trace, lacking) == ["capability refuses_misuse"]

@@ -23,7 +23,7 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters.patching import ORIGINAL_CODE, PatchError, active
-from kvspec.adapters.vllm.mutants import BLOCK_POOL, MANAGERS, MUTANTS, WINDOW_ONE_TOKEN_EARLY, Patch
+from kvspec.adapters.vllm.mutants import ALL_MUTANTS, BLOCK_POOL, MANAGERS, MUTANTS, WINDOW_ONE_TOKEN_EARLY, Patch
 from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
@@ -169,12 +169,13 @@ def test_a_bug_seen_when_the_engine_is_built_is_saved_and_reproduced(tmp_path):
 
 
 def test_the_zoo_holds_every_vllm_mutant():
-    """`kvspec zoo --implementation vllm` runs the eleven, each on its `exposed_by` run."""
+    """`kvspec zoo --implementation vllm` runs the thirteen (eleven of chapter 08, two of
+    its state group), each on its `exposed_by` run."""
     chosen = collect(("vllm",), None)
-    assert len(chosen) == len(MUTANTS) == 11
-    assert [specimen.adapter for specimen in chosen] == [f"vllm-mutant-{slug}" for slug in sorted(MUTANTS)]
+    assert len(chosen) == len(ALL_MUTANTS) == 13 and len(MUTANTS) == 11
+    assert [specimen.adapter for specimen in chosen] == [f"vllm-mutant-{slug}" for slug in sorted(ALL_MUTANTS)]
     for specimen in chosen:
-        mutant = MUTANTS[specimen.slug]
+        mutant = ALL_MUTANTS[specimen.slug]
         assert specimen.implementation == "vllm" and specimen.adapter == mutant.name
         assert (specimen.run, specimen.clause, specimen.invariant_class) == \
             (mutant.exposed_by.label, mutant.clause, mutant.invariant_class)

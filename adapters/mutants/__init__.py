@@ -16,7 +16,7 @@ The bugs are grouped by where they live: seeding.py says how a bug is seeded; wi
 the mapping), tree.py (the prefix tree), one module each.
 """
 
-from . import allocator, release, tree, window  # noqa: F401 - importing a module registers its mutants
+from . import allocator, release, state, tree, window  # noqa: F401 - importing a module registers its mutants
 from .seeding import MUTANTS, Mutant
 
 __all__ = ["MUTANTS", "Mutant"]

@@ -69,7 +69,7 @@ def engine_with_swa_component(component_class: type[SWAComponent]) -> type[Engin
             super().__init__(config, device)
             if self.tree is not None:  # the tree builds its own components; it is still empty here
                 self.tree.swa = component_class(self.tree)
-                self.tree.components = (self.tree.full, self.tree.swa)
+                self.tree.components = (self.tree.full, self.tree.swa, *[self.tree.state] * bool(self.tree.state))
 
     return SeededEngine
 
@@ -96,6 +96,7 @@ class Mutant:
 
     name: str
     policy_version = ADAPTER.policy_version
+    policy_versions = ADAPTER.policy_versions
     capabilities = ADAPTER.capabilities
     make_allocator = None
     make_engine = None

@@ -11,8 +11,10 @@ from .allocator import SglangAllocatorAdapter
 from .engine import SglangEngine
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
-                "pd_decode")
-"""Not refuses_misuse, not atomic_alloc_decode: see the known divergences."""
+                "pd_decode", "recurrent_state")
+"""Not refuses_misuse, not atomic_alloc_decode, not releases_state_at_stop: see the known
+divergences. recurrent_state: FULL + SWA + MAMBA at page size 1 (adapters/sglang/state.py;
+not paged_recurrent_state: without its extra buffer SGLang keeps a state at page size 1 only)."""
 
 
 class SGLANG:
@@ -22,7 +24,8 @@ class SGLANG:
     policy_version = "sglang-0.5.23"
     capabilities = CAPABILITIES
     observables = ("free_sets", "mapping", "rows")
-    """The Rust tree core cannot be walked (see tree_view.py)."""
+    """The Rust tree core cannot be walked (see tree_view.py): its state view shows the
+    slots of the checkpoints, not their nodes (state.py, UNKNOWN_NODE)."""
     preload = "kvspec.adapters.sglang.preload"
     make_allocator = SglangAllocatorAdapter
     make_engine = staticmethod(partial(SglangEngine, tree="rust"))

@@ -112,6 +112,29 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "disaggregation/decode.py:2237-2392 (_pre_alloc)",
         "engine", engine_config(page_size=4, window=8, size_full=64, size_swa=32),
         (("pd_admit", {"rid": "r1", "prompt": list(range(1, 31)), "first_output": 0}),), differential=True),
+    KnownDivergence(
+        "SGL-10", ("STATE-3", "STATE-9"), "a finish with a stop keeps a state that has read past the stop",
+        "A request of a hybrid model (FULL + SWA + MAMBA, no extra buffer) whose stop leaves written outputs after "
+        "it (finished_len: a speculative verify step that accepted tokens past the stop, or a stop string) "
+        "finishes: release_kv_cache inserts [0, owned_kv_len) with owned_kv_len = prompt + outputs through the "
+        "stop, and MambaComponent.prepare_for_caching_req donates the request's working slot as that node's "
+        "checkpoint (cache_len = token_ids_len, mamba.py:613-646). The working state has read every computed "
+        "token, the ones past the stop too, so the tree keys a state of 4 tokens by a 2-token prefix, and a "
+        "later request that hits it copies a state of tokens it never had. The spec (STATE-9) frees the "
+        "working state there; the reference does. An SGLang bug, not a difference of models (the same holds "
+        "for strip_thinking_cache, whose owned_kv_len is the prompt only, schedule_batch.py:1552-1564). "
+        "Steered: the sglang-python adapter does not declare releases_state_at_stop, so the state runs finish "
+        "without such a stop.",
+        "mem_cache/unified_cache/components/mamba.py:604-646 (prepare_for_caching_req, finished, no extra buffer: "
+        "the working slot is the value at any cache_len); mem_cache/common.py:418-431 (release_kv_cache: "
+        "checkpoint up_to=owned_kv_len); managers/schedule_batch.py:1552-1564 (owned_kv_len)",
+        "engine", engine_config_json(EngineConfig(1, 3, 24, 12, 4, Policy(SGLANG_0_5_23, 4), state_slots=9,
+                                                  state_grid=1)),
+        (("admit", {"rid": "r1", "prompt": [2]}), ("prefill_chunk", {"rid": "r1", "chunk": 1, "token": 0}),
+         ("decode", {"rid": "r1", "token": 2}), ("decode", {"rid": "r1", "token": 2}),
+         ("decode", {"rid": "r1", "token": 2}), ("finish", {"rid": "r1", "trim": 2})),
+        # not on the Rust core: STATE-3 reads the checkpoints' nodes, which its tree does not show
+        adapters=("sglang-python",), folder=FOLDER, steered_by="releases_state_at_stop"),
 )
 
 

@@ -33,11 +33,13 @@ from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView, TwoPoolSnapshot, held_full_slots
+from kvspec.spec.state import HybridStateSnapshot
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
 from . import pd_decode
 from .allocator import allocator_state, build_allocator
 from .runtime import publish_server_args, sglang
+from .state import StateModel, build_state_pool, state_problems, state_view
 from .tree_view import tree_view
 
 MAX_NEW_TOKENS = 1 << 30
@@ -77,6 +79,8 @@ class SglangEngine:
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.policy.version != policy_version:
             problems.append(f"SGLang {release} implements policy {policy_version!r}, not {config.policy.version!r}")
+        if config.state_slots:
+            problems += state_problems(config)
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         for variable in self.ENVIRONMENT:  # SGLang reads them at each use
@@ -85,13 +89,21 @@ class SglangEngine:
         s = self.s = sglang()
         if s.version != release:
             raise InvalidConfig(f"this process imported SGLang {s.version}, not {release}")
-        publish_server_args(config.page_size, config.policy.decode_eviction_interval)
+        self.state = bool(config.state_slots)
+        """[STATE-1] A model with recurrent layers: FULL + SWA + MAMBA (state.py)."""
+        publish_server_args(config.page_size, config.policy.decode_eviction_interval,
+                            mamba_chunk_size=config.state_grid if self.state else None)
         self.config = config
         self.P = config.page_size
         self.tree_core = tree
         self.allocator = build_allocator(config.size_full, config.size_swa, config.page_size)
-        self.req_to_token_pool = s.ReqToTokenPool(size=config.max_requests, max_context_len=config.size_full + self.P,
-                                                  device="cpu", enable_memory_saver=False)
+        if self.state:
+            self.req_to_token_pool = build_state_pool(config, max_context_len=config.size_full + self.P)
+            self.state_model = StateModel(self.req_to_token_pool)
+        else:
+            self.req_to_token_pool = s.ReqToTokenPool(size=config.max_requests,
+                                                      max_context_len=config.size_full + self.P,
+                                                      device="cpu", enable_memory_saver=False)
         self.cache = self.make_cache()
         self.requests: dict[str, object] = {}
         self.finished_prefill: set[str] = set()
@@ -104,7 +116,8 @@ class SglangEngine:
         return s.UnifiedRadixCache(s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
             page_size=self.P, sliding_window_size=self.config.window,
-            tree_components=(s.ComponentType.FULL, s.ComponentType.SWA), tree_core_backend=self.tree_core))
+            tree_components=(s.ComponentType.FULL, s.ComponentType.SWA)
+            + ((s.ComponentType.MAMBA,) if self.state else ()), tree_core_backend=self.tree_core))
 
     def kv(self, req) -> KvFields:
         """What a request holds, wherever the release keeps it."""
@@ -211,9 +224,51 @@ class SglangEngine:
             req = s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
         if len(self.requests) >= self.config.max_requests:  # the prefill adder's row budget
             return OutOfMemory("requests", 1, 0)
+        if self.state:
+            return self.admit_with_state(rid, req)
         self.retracted.pop(rid, None)
         req.init_next_round_input(self.cache)
         self.lock(req)
+        self.requests[rid] = req
+        return None
+
+    def admit_with_state(self, rid: str, req) -> OutOfMemory | None:
+        """[STATE-2, STATE-5] The scheduler's admission of a request of a hybrid model
+        (`get_new_batch_prefill`, managers/scheduler.py:4198-4309): a group of state
+        slots is set aside for the waiting queue (here, this request), the match
+        copies-on-write a hit's checkpoint into a slot of its own
+        (`MambaComponent.finalize_match_result_in_cache`, mamba.py:196-225: the copy itself
+        is deferred to the forward), the group's unused slots go back, and the request
+        locks its last node.
+
+        A request without a hit gets its working slot in SGLang's next act, the same
+        scheduling step: `alloc_req_slots` of its first extend (allocation.py:326-347:
+        `ensure_mamba_capacity` evicts unlocked checkpoints, then
+        `HybridReqToTokenPool.alloc`, memory_pool.py:1594-1602, takes a slot and stages
+        its clear). kvspec's admission is that step up to the first chunk, so the adapter
+        takes the slot here, by those same lines; the first extend then finds it held and
+        keeps it (memory_pool.py:1594). If no slot is left, admission is refused as the
+        scheduler refuses a request it does not add (scheduler.py:4285-4298): the staged
+        copy and clear are dropped and the slot it took, if any, goes back."""
+        s = self.s
+        allocator = self.req_to_token_pool.mamba_allocator
+        allocator.alloc_group_begin(1)
+        try:
+            req.init_next_round_input(self.cache)
+        finally:
+            allocator.alloc_group_end()
+        self.lock(req)
+        if not req.kv.holds_mamba:
+            s.ensure_mamba_capacity(self.req_to_token_pool, [req], self.cache)
+            slot = allocator.alloc(1)
+            if slot is None:
+                req.kv.mamba_cow_src_index = None
+                req.kv.mamba_needs_clear = False
+                self.unlock(req)
+                return OutOfMemory("state", 1, 0)
+            req.kv.mamba_pool_idx = slot[0]
+            req.kv.mamba_needs_clear = True
+        self.retracted.pop(rid, None)
         self.requests[rid] = req
         return None
 
@@ -237,6 +292,9 @@ class SglangEngine:
         allocation asserts it cannot fail)."""
         s = self.s
         self.refuse_misuse(EngineOperation.PD_ADMIT, rid=rid, prompt=prompt)
+        if self.state:  # the transfer would bring the prompt's state too (disaggregation/decode.py:871, cow_mamba)
+            raise NotImplementedError("this adapter drives no PD-decode admission of a model with recurrent state: "
+                                      "the state runs are at page size 1, where the engine machine draws none")
         if len(self.requests) >= self.config.max_requests or self.req_to_token_pool.available_size() <= 0:
             return OutOfMemory("requests", 1, 0)  # the row budget (pop_preallocated, `:1481`)
         sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
@@ -309,6 +367,9 @@ class SglangEngine:
             return self.out_of_memory()
         with quiet():
             s.alloc_for_extend(batch)
+        if self.state:  # the forward: the recurrent layers read the chunk (state.py)
+            self.state_model.before_forward(batch)
+            self.state_model.forward(req, req.full_untruncated_fill_ids[prefix_len:extend_end])
         self.extended(req, extend_end)
         req.extend_batch_idx += 1
         self.checkpoint(req)
@@ -331,6 +392,8 @@ class SglangEngine:
             return self.out_of_memory()
         with quiet():
             s.alloc_for_decode(batch, token_per_req=1)
+        if self.state:  # the forward reads the last sampled token, at position kv.committed
+            self.state_model.forward(req, (req.origin_input_ids + req.output_ids)[kv.committed:kv.committed + 1])
         req.decode_batch_idx += 1
         req.output_ids.append(next_token)
         return None
@@ -341,7 +404,9 @@ class SglangEngine:
         req = self.requests[rid]
         if self.kv(req).holds_kv:
             self.release_kv(req, checkpoint)
-        else:  # dropped before its first extend: it holds only its lock
+        else:  # dropped before its first extend: it holds only its lock (and, with state, its slot)
+            if self.state:  # release_kv_cache frees a slot taken before any KV (common.py:403-415)
+                self.release_kv(req, checkpoint)
             self.unlock(req)
         del self.requests[rid]
         self.finished_prefill.discard(rid)
@@ -386,11 +451,17 @@ class SglangEngine:
 
     def snapshot(self) -> TwoPoolSnapshot:
         nodes, ledgers = self.walk_tree()
-        return TwoPoolSnapshot(self.config, allocator_state(self.allocator),
-                              tuple(self.request_view(rid, req) for rid, req in self.requests.items()), nodes, ledgers)
+        requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
+        if self.state:
+            return HybridStateSnapshot(self.config, allocator_state(self.allocator), requests, nodes, ledgers,
+                                       state=state_view(self))
+        return TwoPoolSnapshot(self.config, allocator_state(self.allocator), requests, nodes, ledgers)
 
     def partial_snapshot(self) -> TwoPoolSnapshot:
         """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
         nodes, ledgers = self.walk_tree()
         requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
-        return TwoPoolSnapshot(self.config, allocator_state(self.allocator, held_full_slots(requests, nodes)), requests, nodes, ledgers)
+        allocator = allocator_state(self.allocator, held_full_slots(requests, nodes))
+        if self.state:
+            return HybridStateSnapshot(self.config, allocator, requests, nodes, ledgers, state=state_view(self))
+        return TwoPoolSnapshot(self.config, allocator, requests, nodes, ledgers)

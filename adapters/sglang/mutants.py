@@ -399,10 +399,159 @@ class MATCH_SHORT_WINDOW(SglangMutant, slug="match-short-window"):
     reverts = "the SWA match validator: at least W live SWA tokens after a tombstone (docs/engines/sglang.md §3.3)"
 
 
+# -- recurrent state: the MAMBA component and the state pool (chapter 09) -------------------------
+
+STATE_RUN = Run(page_size=1, window=3, interval=4, state_grid=1)
+"""The one state run SGLang takes (page size 1: no extra buffer)."""
+
+
+class STATE_LEAK_BEFORE_EXTEND(SglangMutant, slug="state-leak-before-extend"):
+    """A request released before its first extend gives back nothing of its state: the
+    working slot that its admission took (a copy-on-write destination at a hit, or the
+    slot of its first extend) is neither free nor held. `release_kv_cache` frees a slot a
+    request holds without a KV row (common.py:403-415, "A mamba-capable cache may alloc
+    mamba state before alloc KV cache"); the patch drops that free, the state-slot leak
+    of a request that is dropped before it runs (the class of sgl-project/sglang #16067,
+    a slot leaked on a failed schedule, whose fix is the same kind of free in
+    scheduler.py:4285-4298)."""
+
+    patch = Patch(COMMON, "release_kv_cache",
+                  "        if req.kv.holds_mamba:\n"
+                  "            tree_cache.req_to_token_pool.mamba_allocator.free(\n"
+                  "                req.kv.mamba_pool_idx.unsqueeze(-1)\n"
+                  "            )\n"
+                  "            req.kv.mamba_pool_idx = None\n",
+                  "")
+    clause, invariant_class = "STATE-9", "leak"
+    exposed_by = STATE_RUN
+    reverts = ("the free of a state slot held without a KV row in release_kv_cache (common.py:403-415); the "
+               "leak class of sgl-project/sglang #16067")
+
+
+class STALE_COW_SOURCE(SglangMutant, slug="stale-cow-source"):
+    """The forward that runs a request's deferred copy-on-write leaves the copy source on
+    the request: every later extend of it copies the hit's checkpoint into its slot again,
+    over the state of the chunks it computed since (after a hit and two prefill chunks
+    its working state has read the hit and the last chunk only). kvspec sees it after
+    the first chunk: the request's slot has a copy staged over its state (state.py shows
+    a staged copy as what the slot is about to hold, STATE-4). This is the stale
+    copy source that sgl-project/sglang #35821 names (there an empty ghost node was the
+    source); 0.5.23 clears the source as it collects the copy
+    (`ScheduleBatch._collect_deferred_mamba_cow_and_clear`, schedule_batch.py:3246-3250)."""
+
+    patch = Patch(SCHEDULE_BATCH, "ScheduleBatch._collect_deferred_mamba_cow_and_clear",
+                  "                req.kv.mamba_cow_src_index = None\n",
+                  "")
+    clause, invariant_class = "STATE-4", "state"
+    exposed_by = STATE_RUN
+    reverts = ("the clearing of the copy-on-write source once collected (schedule_batch.py:3249); the stale "
+               "copy source of sgl-project/sglang #35821")
+
+
+MAMBA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.mamba"
+
+
+class FREE_WORKING_FOR_FORK(SglangMutant, slug="free-working-for-fork"):
+    """A chunk's checkpoint whose node already holds one frees the wrong slot: the
+    request's working state instead of the unused fork. The request runs on with a free
+    slot as its state (the next allocation hands it out), and the fork is neither free
+    nor held. 0.5.23 frees the fork it just made (`MambaComponent.cleanup_after_caching_req`,
+    mamba.py:722-725).
+
+    The bug is one STATE-7 forbids (a step frees a running request's state), but the
+    request still names the slot, so STATE-7's check, which looks for a request that lost
+    its working slot, does not fire: STATE-2 sees the slot free and held at once."""
+
+    patch = Patch(MAMBA_COMPONENT, "MambaComponent.cleanup_after_caching_req",
+                  "            ):\n"
+                  "                self._free_mamba_value(insert_params.mamba_value)\n",
+                  "            ):\n"
+                  "                self._free_mamba_value(req.kv.mamba_pool_idx.unsqueeze(0))\n")
+    clause, invariant_class = "STATE-2", "ownership"
+    exposed_by = STATE_RUN
+    reverts = "the free of the unused fork, not the working slot, when the node has a checkpoint (mamba.py:722-725)"
+
+
+class LEDGER_STUCK_PROTECTED(SglangMutant, slug="ledger-stuck-protected"):
+    """The last unlock of a node with a checkpoint leaves it in the protected ledger: the
+    move back to evictable tests `lock_ref == 0` before the decrement instead of
+    `lock_ref == 1`, so it never runs. The tree's counts of its checkpoints drift from its
+    nodes (and SGLang's admission, which adds the evictable ledger to what it may
+    reclaim, undercounts). 0.5.23 moves it at the last unlock (mamba.py:518-523)."""
+
+    patch = Patch(MAMBA_COMPONENT, "MambaComponent.release_component_lock",
+                  "        if cd.lock_ref == 1 and value is not None:\n",
+                  "        if cd.lock_ref == 0 and value is not None:\n")
+    clause, invariant_class = "STATE-6", "locks"
+    exposed_by = STATE_RUN
+    reverts = "the ledger move at a checkpoint's last unlock (release_component_lock, mamba.py:518-523)"
+
+
+class SHARED_STATE_ON_HIT(SglangMutant, slug="shared-state-on-hit"):
+    """A prefix hit adopts the checkpoint's own slot as the request's working state
+    instead of copying it into the slot it took (that one goes back): the request's
+    forwards write into the checkpoint, and the slot has two holders. 0.5.23 stages a
+    copy into a slot of the request's own (MambaComponent.finalize_match_result_in_cache,
+    mamba.py:209-224)."""
+
+    patch = Patch(MAMBA_COMPONENT, "MambaComponent.finalize_match_result_in_cache",
+                  "            req.kv.mamba_pool_idx = dst_index[0]\n"
+                  "        req.kv.mamba_cow_src_index = src_index\n",
+                  "            self.cache.req_to_token_pool.mamba_allocator.free(dst_index)\n"
+                  "            req.kv.mamba_pool_idx = src_index[0]\n")
+    clause, invariant_class = "STATE-2", "ownership"
+    exposed_by = STATE_RUN
+    reverts = "copy-on-write at a match (MambaComponent.finalize_match_result_in_cache, mamba.py:209-224)"
+
+
+class NO_COPY_ON_HIT(SglangMutant, slug="no-copy-on-hit"):
+    """A prefix hit takes a slot of its own but stages a clear instead of the copy: the
+    request computes only the tokens after the hit, from an empty state. 0.5.23 stages
+    the copy and cancels the clear (mamba.py:223-224)."""
+
+    patch = Patch(MAMBA_COMPONENT, "MambaComponent.finalize_match_result_in_cache",
+                  "        req.kv.mamba_cow_src_index = src_index\n"
+                  "        req.kv.mamba_needs_clear = False\n",
+                  "        req.kv.mamba_needs_clear = True\n")
+    clause, invariant_class = "STATE-4", "state"
+    exposed_by = STATE_RUN
+    reverts = "finalize_match_result_in_cache stages the copy and sets mamba_needs_clear = False (mamba.py:223-224)"
+
+
+class HIT_WITHOUT_CHECKPOINT(SglangMutant, slug="hit-without-checkpoint"):
+    """The MAMBA component's match validator accepts every node, so a hit ends where the
+    full and SWA KV allow, also at a node without a checkpoint (one a split made, or one
+    whose checkpoint was evicted): there is nothing to copy, and the request starts from
+    an empty state as if it had read the hit. 0.5.23 accepts only a node with a
+    checkpoint (MambaComponent.create_match_validator, mamba.py:151-162)."""
+
+    patch = Patch(MAMBA_COMPONENT, "MambaComponent.create_match_validator",
+                  "        if match_device_only:\n"
+                  "            return lambda node: node.component_data[ct].value is not None\n",
+                  "        return lambda node: True\n")
+    clause, invariant_class = "STATE-5", "state"
+    exposed_by = STATE_RUN
+    reverts = "the MAMBA match validator: a match ends only at a checkpoint (mamba.py:151-162)"
+
+
 # -- bugs of the zoo with no SGLang patch here ---------------------------------------------------
 
 NOT_PATCHED = {
     "non-atomic-decode": "SGLang 0.5.23 already has this bug (known divergence SGL-6, alloc_decode keeps the full "
                          "page it took when the SWA side is short); the reference mutant shows it",
+    "leak-state-on-failed-admission": "SGLang's revert of a request it does not add (scheduler.py:4285-4298) is "
+                                      "inline in get_new_batch_prefill, which the adapter does not run, and its "
+                                      "PD-decode admission with state is not driven; state-leak-before-extend is "
+                                      "the same leak through release_kv_cache",
+    "checkpoint-off-grid": "without the extra buffer SGLang's checkpoint grid is 1 (every insert end), the only "
+                           "grid its adapter runs; a grid > 1 needs the extra buffer, not driven",
+    "state-lock-on-path": "not patched yet: MambaComponent locks the one node inc_lock_ref passes it "
+                          "(unified_tree_core.py:730-743); a path lock is a rewrite of acquire/release_component_lock",
+    "window-release-frees-state": "not patched yet: MambaComponent has no free_out_of_window_slots of its own (the "
+                                  "base no-op, components/base.py:713-716), and the base is FULL's too",
+    "evict-locked-checkpoint": "the lock test of SGLang's eviction walk is shared by SWA and MAMBA "
+                               "(UnifiedLRUList.get_prev_no_lock): swa-evict-ignores-locks is that patch",
+    "retract-keeps-state": "not patched yet: a retract frees the slot in on_release, as an abort does "
+                           "(unified_radix_cache.py:1152-1157); state-leak-before-extend is the leak of a release",
 }
 """Reference only: each slug of kvspec.adapters.mutants that has no SGLang patch, and why."""

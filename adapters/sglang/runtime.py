@@ -92,6 +92,7 @@ SYMBOLS = {
     "Req": ("sglang.srt.managers.schedule_batch:Req",),
     "ScheduleBatch": ("sglang.srt.managers.schedule_batch:ScheduleBatch",),
     "alloc_for_decode": ("sglang.srt.mem_cache.allocation:alloc_for_decode", "sglang.srt.mem_cache.common:alloc_for_decode"),
+    "ensure_mamba_capacity": ("sglang.srt.mem_cache.allocation:ensure_mamba_capacity",),
     "alloc_for_extend": ("sglang.srt.mem_cache.allocation:alloc_for_extend", "sglang.srt.mem_cache.common:alloc_for_extend"),
     "SWATokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator",
                                   "sglang.srt.mem_cache.swa_memory_pool:SWATokenToKVPoolAllocator"),
@@ -159,13 +160,19 @@ def sglang() -> types.SimpleNamespace:
     return SGLANG
 
 
-def publish_server_args(page_size: int, eviction_interval: int) -> None:
+def publish_server_args(page_size: int, eviction_interval: int, mamba_chunk_size: int | None = None) -> None:
     """SGLang reads its settings from a process-wide context (and a few environment
     variables, read at each use); set them for one engine. SGLang's own invariant
-    checks stay at their default (off): kvspec must see what they would."""
+    checks stay at their default (off): kvspec must see what they would.
+
+    `mamba_chunk_size`, for a model with recurrent layers: the model's Mamba chunk size,
+    which SGLang otherwise reads from the model's HF config (arg_groups/overrides.py:1907,
+    a pre-seeded `_mamba_cache_chunk_size` is honoured as-is, as SGLang's own fixtures do)."""
     os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = str(eviction_interval)
     s = sglang()
     server_args = s.ServerArgs(model_path="dummy", page_size=page_size, attention_backend="torch_native")
+    if mamba_chunk_size is not None:
+        server_args._mamba_cache_chunk_size = mamba_chunk_size
     if hasattr(s.runtime_context, "publish"):  # from 0.5.17
         s.runtime_context.reset_context()
         s.runtime_context.publish(server_args, role="scheduler")

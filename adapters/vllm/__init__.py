@@ -12,9 +12,12 @@ from functools import partial
 
 from .engine import VllmEngine
 
-CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill")
-"""Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator
-tier only); the two-pool observables are not shown: one shared block pool is."""
+CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "recurrent_state",
+                "paged_recurrent_state", "releases_state_at_stop")
+"""recurrent_state: a Mamba group (align mode) in the same block pool (spec chapter 09,
+STATE-10..14), at every page size; a finish frees every state block the request holds.
+Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
+only); the two-pool observables are not shown: one shared block pool is."""
 
 
 class VLLM:

@@ -26,11 +26,21 @@ scheduler frees an aborted waiting request). What vLLM does not check (unknown
 requests, a decode during prefill, finishing twice), the scheduler would never ask;
 the adapter refuses it as the engine tier requires (LIFE-1).
 
+With `config.state_slots > 0` a third group, `MambaSpec` in align mode with block size
+`state_grid` (spec chapter 09, STATE-10..14; docs/engines/vllm.md §8), shares the pool
+(`state_slots` blocks more). The adapter then also plays what the scheduler does around
+the manager in that mode: `new_step_starts()` before each step, prefill chunks clipped by
+vLLM's own `Scheduler._mamba_block_aligned_split`, the block copies it asks for run and
+their endpoints freed; and it plays the model: each block's state is (length,
+`state_digest`) of the tokens it has read. The snapshot is a `BlockPoolStateSnapshot`.
+
 Every KV event (`take_events`) is replayed into a multiset of cache keys as it comes, so
 the snapshot can compare what a consumer of the events knows with the real map (BLOCK-8).
 """
 
+import types
 from collections import Counter
+from dataclasses import replace
 from functools import lru_cache
 from itertools import compress
 from operator import attrgetter, is_not, ne, or_
@@ -45,10 +55,18 @@ from kvspec.spec.block_pool import (
     PartialBlocks,
     RequestBlocks,
 )
+from kvspec.spec.block_pool_state import (
+    BlockPoolStateSnapshot,
+    BlockStateView,
+    StateBlock,
+    StateTable,
+    running_entry,
+)
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView
+from kvspec.spec.state import StateValue, advance_state, state_digest
 from kvspec.spec.window import VLLM_0_33, validate_window_config
 
 from .runtime import vllm
@@ -79,6 +97,9 @@ class VllmEngine:
                 problems.append(f"{name} must be a non-negative multiple of the page size (got {getattr(config, name)})")
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
+        if config.state_slots and (config.state_grid < 1 or config.state_grid % max(config.page_size, 1)):
+            raise InvalidConfig(f"invalid engine configuration: the state grid ({config.state_grid}) must be a "
+                                f"multiple of the page size ({config.page_size}): it is the state group's block size")
         v = self.v = vllm()
         self.config = config
         self.bs = bs = config.page_size
@@ -86,15 +107,36 @@ class VllmEngine:
         layer = {"num_kv_heads": 1, "head_size": 8, "dtype": v.torch.float16}
         groups = [v.KVCacheGroupSpec(["full.0"], v.FullAttentionSpec(bs, **layer)),
                   v.KVCacheGroupSpec(["swa.0"], v.SlidingWindowSpec(bs, **layer, sliding_window=config.window + 1))]
+        self.state_bs = scheduler_bs = bs
+        if config.state_slots:  # a recurrent group in align mode (prefix caching), one block per state slot more
+            self.state_bs = scheduler_bs = config.state_grid  # the LCM of the groups' block sizes
+            self.num_blocks += config.state_slots
+            self.state_spec = v.MambaSpec(block_size=config.state_grid, shapes=((1,),), dtypes=(v.torch.float32,),
+                                          mamba_cache_mode="align")
+            groups.append(v.KVCacheGroupSpec(["mamba.0"], self.state_spec))
+            # vLLM's own sizing of a request's states in align mode (MambaSpec.max_memory_usage_bytes)
+            self.state_blocks_per_request = (2 + self.state_spec.num_speculative_blocks
+                                             + self.state_spec.num_prefill_checkpoint_blocks)
         self.manager = v.KVCacheManager(
             v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
                             prefix_cache_retention_interval=retention),
-            max_model_len=config.size_full, scheduler_block_size=bs, hash_block_size=bs,
+            max_model_len=config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=bs,
             enable_caching=True, enable_kv_cache_events=True)
         self.pool = self.manager.block_pool
         managers = self.manager.coordinator.single_type_managers
+        self.state_manager = next((m for m in managers if isinstance(m, v.MambaManager)), None)
+        self.state_group = None if self.state_manager is None else managers.index(self.state_manager)
+        managers = tuple(m for m in managers if m is not self.state_manager)
         self.groups = tuple(SWA if isinstance(m, v.SlidingWindowManager) else FULL for m in managers)
         self.managers = managers
+        self.contents: dict[int, StateValue | None] = {}
+        """[STATE-11] Block id -> what the state the model last wrote into it has read."""
+        self.last_entry: dict[str, int | None] = {}
+        """The entry of its state table each request's state was last written to (the worker reads it)."""
+        self.promises: dict[int, tuple[object, StateValue | None]] = {}
+        """Block id -> (vLLM's key, the state that key stands for) of every cached state block."""
+        self.key_promises: dict[tuple[object, int], StateValue] = {}
+        """(vLLM's key, its tokens) -> the state it stands for, as first met on a block a table held."""
         self.hasher = v.get_request_block_hasher(bs, v.sha256)
         self.sampling = v.SamplingParams(max_tokens=MAX_TOKENS, extra_args=report_mode and {
             "kv_cache_report_mode": report_mode})  # a request option of vLLM's KV events
@@ -136,8 +178,12 @@ class VllmEngine:
         (the window release before the capacity check has happened: BLOCK-6)."""
         processed = req.num_computed_tokens + hit
         slots = self.allocation.get(rid, (0, hit))[1]
+        if self.state_manager is not None:
+            self.manager.new_step_starts()  # as the scheduler's schedule() starts
         blocks = self.manager.allocate_slots(req, new_tokens, num_new_computed_tokens=hit,
                                              new_computed_blocks=hit_blocks)
+        if self.state_manager is not None:
+            self.run_copies()
         if blocks is None:
             if rid in self.requests:
                 self.allocation[rid] = (processed, slots)
@@ -145,9 +191,66 @@ class VllmEngine:
         self.allocation[rid] = (processed, processed + new_tokens)
         return True
 
+    def aligned_chunk(self, req, n: int) -> int:
+        """[STATE-11] The chunk vLLM's scheduler schedules in align mode: its own
+        `Scheduler._mamba_block_aligned_split` clips a prefill chunk to end on a state
+        block boundary (a state is written at chunk ends), or at the prompt's last
+        cacheable position. The chunk asked for is the step's token budget
+        (`max_num_scheduled_tokens`): a budget below the block size lets a chunk advance
+        within a block, and the next one stops at its boundary. It is called on a
+        stand-in of the scheduler with the attributes it reads, as an engine without a
+        connector, Eagle or prefill checkpoint blocks has them."""
+        v, coordinator = self.v, self.manager.coordinator
+        partial = self.bs < self.state_bs and coordinator.enable_partial_hash_hits
+        scheduler = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(block_size=self.state_bs), block_size=self.state_bs, hash_block_size=self.bs,
+            mamba_partial_cache_hit=partial, use_eagle_block_drop=False, num_hash_lookahead_tokens=0,
+            mamba_has_prefill_checkpoint_blocks=False, mamba_prefill_checkpoint_alignment=None,
+            max_num_scheduled_tokens=n, scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0),
+            mamba_shared_prefix_checkpoint=False)
+        return v.Scheduler._mamba_block_aligned_split(scheduler, req, n)
+
+    def run_copies(self) -> None:
+        """[STATE-11] What the scheduler does at the end of its schedule(): it takes the
+        block copies the manager asks for (copy-on-write of a sub-block hit), the worker
+        runs them before the forward, and their retained endpoints are freed (at once, in
+        synchronous mode). The model copies the states the same way."""
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        for copy in copies:
+            self.contents[copy.dst_block_id] = self.contents.get(copy.src_block_id)
+        if copies:
+            self.pool.free_blocks(retained)
+        self.manager.take_boundary_state_offloads()  # for a KV connector: there is none
+
+    def forward(self, rid: str, req, before: int) -> None:
+        """[STATE-11] The model's forward over tokens [before, num_computed_tokens) of the
+        state group: as vLLM's worker in align mode, read the state from the entry the
+        request last wrote (none: the empty state) and write the advanced state into the
+        entry of its last token. A null entry there reads as an unknown state."""
+        if self.state_manager is None:
+            return
+        after, table = req.num_computed_tokens, self.state_manager.req_to_blocks[rid]
+        last = self.last_entry.get(rid)
+        if last is None:
+            source = StateValue(0, 0, 0) if before == 0 else None
+        else:
+            block = table[last] if last < len(table) else None
+            source = None if block is None or block.is_null else self.contents.get(block.block_id)
+        entry = running_entry(after, self.state_bs)
+        target = table[entry]
+        if source is not None:
+            digest = source.digest
+            for token in req.all_token_ids[before:after]:
+                digest = advance_state(digest, token)
+            source = StateValue(target.block_id, source.length + after - before, digest)
+        if not target.is_null:
+            self.contents[target.block_id] = source
+        self.last_entry[rid] = entry
+
     def release(self, rid: str):
         req = self.requests.pop(rid)
         self.manager.free(req)
+        self.last_entry.pop(rid, None)
         self.allocation.pop(rid, None)
         self.decode_steps.pop(rid, None)
         self.finished_prefill.discard(rid)
@@ -171,6 +274,7 @@ class VllmEngine:
         req.num_computed_tokens = hit
         self.requests[rid] = req
         self.allocation[rid] = (hit, hit)
+        self.last_entry[rid] = running_entry(hit, self.state_bs) if hit else None
         self.decode_steps[rid] = 0
         return None
 
@@ -181,9 +285,12 @@ class VllmEngine:
         self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
         req = self.requests[rid]
         n = min(chunk_len, req.num_tokens - req.num_computed_tokens)
+        if self.state_manager is not None:
+            n = self.aligned_chunk(req, n)
         if not self.allocate(rid, req, n):
             return self.out_of_memory(pages_for(n, self.bs))
         req.num_computed_tokens += n  # the forward pass
+        self.forward(rid, req, req.num_computed_tokens - n)
         if req.num_computed_tokens == req.num_tokens:  # the last chunk samples a token
             req.append_output_token_ids(token)
             self.finished_prefill.add(rid)
@@ -195,6 +302,7 @@ class VllmEngine:
         if not self.allocate(rid, req, 1):
             return self.out_of_memory(1)
         req.num_computed_tokens += 1
+        self.forward(rid, req, req.num_computed_tokens - 1)
         req.append_output_token_ids(token)
         self.decode_steps[rid] += 1
         return None
@@ -221,7 +329,7 @@ class VllmEngine:
         wanted = {FULL: pages_for(full_tokens, self.bs), SWA: pages_for(swa_tokens, self.bs)}
         chosen = []
         for block in self.cached_free_blocks():
-            if block.block_hash is not None:
+            if block.block_hash is not None and self.v.get_group_id(block.block_hash) != self.state_group:
                 kind = self.groups[self.v.get_group_id(block.block_hash)]
                 if wanted[kind] > 0:
                     wanted[kind] -= 1
@@ -344,7 +452,73 @@ class VllmEngine:
                            last_node=None)
 
     def snapshot(self) -> BlockPoolSnapshot:
+        if self.state_manager is not None:
+            return self.state_snapshot()
         return self.with_requests(self.block_pool())
+
+    def state_snapshot(self) -> BlockPoolStateSnapshot:
+        """[STATE-10..14] Chapter 08's view of the attention groups, a partial view (OBS-4)
+        of every block less the state group's, and the state group's own view."""
+        whole = self.block_pool()
+        group, pool = self.state_group, self.pool.blocks
+        state_tables = {rid: table for rid, table in self.state_manager.req_to_blocks.items()}
+        state_ids = {b.block_id for table in state_tables.values() for b in table if not b.is_null}
+        state_map = []
+        for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
+            if self.v.get_group_id(block_hash) == group:
+                for block in mapped_blocks(value):
+                    state_map.append((self.key(block_hash)[0], block.block_id))
+                    state_ids.add(block.block_id)
+        blocks = []
+        for block_id in sorted(state_ids):
+            block = pool[block_id]
+            key = None if block.block_hash is None else self.key(block.block_hash)
+            blocks.append(StateBlock(block_id, block.ref_cnt, key, block.block_hash_num_tokens,
+                                     self.contents.get(block_id), self.promise(block, state_tables)))
+        shown = {i: b for i, b in enumerate(whole.blocks) if i not in state_ids}
+        free = tuple(map(BLOCK_ID, self.pool.free_block_queue.get_all_free_blocks()))
+        attention = BlockPoolView(
+            block_size=self.bs, window=self.config.window, groups=self.groups,
+            blocks=PartialBlocks(self.num_blocks, shown), free_queue=tuple(b for b in free if b not in state_ids),
+            free_count=len(free), requests=whole.requests,
+            cache_map=tuple(e for e in whole.cache_map if e[1] != group),
+            replayed_map=tuple(e for e in whole.replayed_map if e[1] != group))
+        tokens = {rid: tuple(req.all_token_ids) for rid, req in self.requests.items()}
+        view = BlockStateView(
+            group=group, block_size=self.state_bs, hit_alignment=self.manager.coordinator._cache_hit_alignment_tokens,
+            blocks=tuple(blocks), free_blocks=tuple(b for b in free if b in state_ids),
+            tables=tuple(StateTable(rid, tuple(map(BLOCK_ID, table)), tokens.get(rid, ()))
+                         for rid, table in sorted(state_tables.items())),
+            cache_map=tuple(state_map),
+            replayed_map=tuple((h, count) for (h, g), count in self.replayed.items() if g == group and count),
+            blocks_per_request=self.state_blocks_per_request)
+        requests = tuple(self.request_view(rid, req, attention) for rid, req in sorted(self.requests.items()))
+        return BlockPoolStateSnapshot(self.config, requests, attention, state=view)
+
+    def promise(self, block, state_tables) -> StateValue | None:
+        """[STATE-11] The state a cached state block's key stands for: the first
+        `block_hash_num_tokens` tokens of the request whose table held it when it was
+        keyed (met at the snapshot after that step), or, for a key vLLM moved to another
+        block (`move_block_hashes`, a copy-on-write), what it stood for there. None while
+        it is not cached."""
+        if block.block_hash is None:
+            self.promises.pop(block.block_id, None)
+            return None
+        known = self.promises.get(block.block_id)
+        if known is not None and known[0] is block.block_hash:
+            return known[1]
+        promised, n = None, block.block_hash_num_tokens
+        for rid, table in state_tables.items():
+            if any(b is block for b in table) and rid in self.requests and n is not None:
+                tokens = self.requests[rid].all_token_ids[:n]
+                promised = StateValue(block.block_id, n, state_digest(tokens))
+                self.key_promises[(block.block_hash, n)] = promised
+                break
+        else:  # a key moved to a block no table holds (copy-on-write of a running request's tail)
+            known = self.key_promises.get((block.block_hash, n))
+            promised = None if known is None else replace(known, slot=block.block_id)
+        self.promises[block.block_id] = (block.block_hash, promised)
+        return promised
 
     def with_requests(self, view: BlockPoolView) -> BlockPoolSnapshot:
         requests = tuple(self.request_view(rid, req, view) for rid, req in sorted(self.requests.items()))
@@ -358,7 +532,7 @@ class VllmEngine:
         queue, between a fake head and tail) and the queue's length. After a clear of the
         whole cache, the whole view."""
         self.replay_events()
-        if self.touched is None:
+        if self.touched is None or self.state_manager is not None:
             return self.snapshot()
         tables, cache = self.tables(), self.pool.cached_block_hash_to_block._cache
         current = {NULL_BLOCK, *self.evicted, *table_blocks(tables)}

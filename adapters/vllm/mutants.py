@@ -31,7 +31,7 @@ from kvspec.adapters import patching
 from kvspec.adapters.patching import Patched
 from kvspec.conformance.harness.families import RUNS, Run, check_declaration
 
-from . import VLLM
+from . import VLLM, VLLM_DENSE
 from .runtime import vllm
 
 # -- patches ----------------------------------------------------------------------------------
@@ -50,6 +50,13 @@ class Patch(patching.Patch):
 # -- mutants as adapters ----------------------------------------------------------------------
 
 MUTANTS: dict[str, type["VllmMutant"]] = {}
+"""The mutants of chapter 08 (BLOCK-n)."""
+STATE_MUTANTS: dict[str, type["VllmMutant"]] = {}
+"""The mutants of recurrent state in a block pool (STATE-10 .. STATE-14), run on a state run."""
+ALL_MUTANTS: dict[str, type["VllmMutant"]] = {}
+"""Every mutant, by slug: the family `vllm-mutant-<slug>` (family.py)."""
+BLOCK_POOL_STATE_CLAUSES = tuple(f"STATE-{n}" for n in range(10, 15))
+"""The clauses of chapter 09 that read a shared block pool (kvspec.spec.block_pool_state)."""
 ENGINE_RUNS = {run.label for run in RUNS if run.tier == "engine"}
 
 
@@ -76,7 +83,9 @@ class VllmMutant:
     def __init_subclass__(cls, slug: str, base=VLLM, **kwargs):
         super().__init_subclass__(**kwargs)
         check_declaration(cls, slug)
-        assert cls.clause.startswith("BLOCK-"), f"vllm mutant {slug!r}: name a clause of chapter 08 (BLOCK-n)"
+        assert cls.clause.startswith("BLOCK-") or cls.clause in BLOCK_POOL_STATE_CLAUSES, \
+            f"vllm mutant {slug!r}: name a clause of chapter 08 (BLOCK-n) or of recurrent state in a block pool " \
+            f"(STATE-10 .. STATE-14)"
         assert cls.exposed_by.label in ENGINE_RUNS, \
             f"vllm mutant {slug!r}: {cls.exposed_by.label!r} is not an engine run kvspec check makes"
         cls.name = f"vllm-mutant-{slug}"
@@ -84,7 +93,8 @@ class VllmMutant:
         cls.policy_version, cls.capabilities, cls.memory_model = base.policy_version, base.capabilities, base.memory_model
         cls.observables, cls.preload = base.observables, base.preload
         cls.make_engine = staticmethod(functools.partial(Patched, (cls.patch,), base.make_engine))
-        MUTANTS[slug] = cls
+        (MUTANTS if cls.clause.startswith("BLOCK-") else STATE_MUTANTS)[slug] = cls
+        ALL_MUTANTS[slug] = cls
 
 
 BLOCK_POOL = "vllm.v1.core.block_pool"
@@ -307,3 +317,50 @@ class NO_REMOVED_EVENT(VllmMutant, slug="no-removed-event"):
                   "")
     clause, invariant_class = "BLOCK-8", "mapping"
     exposed_by = Run(page_size=4, window=6, interval=4)
+
+
+# -- recurrent state (STATE-10 .. STATE-14) ----------------------------------------------------
+
+
+class RETIRED_STATE_NOT_FREED(VllmMutant, slug="retired-state-not-freed", base=VLLM_DENSE):
+    """In align mode `MambaManager._remove_blocks_in_range` retires the state blocks a
+    request no longer needs (a hit's state, a checkpoint it cached on the way) by
+    putting the null block in their entries and giving them back to the pool. Here it
+    nulls the entries but never frees the blocks: each keeps a reference that no table
+    holds, and never returns to the free queue.
+
+    Bug class: a state block leaked by the retirement of a running request's old states
+    (as SGLang's #16067, a state slot leaked on a path that drops it): the pool shrinks
+    by one block per retired state. Caught at the step that retires one: a state block
+    whose reference count no state-table entry accounts for (STATE-13)."""
+
+    patch = Patch(MANAGERS, "MambaManager._remove_blocks_in_range",
+                  "        if freed:\n"
+                  "            self.block_pool.free_blocks(freed)\n",
+                  "")
+    clause, invariant_class = "STATE-13", "ownership"
+    exposed_by = Run(page_size=1, window=3, interval=4, state_grid=1)
+
+
+class STATE_HIT_NOT_THE_MINIMUM(VllmMutant, slug="state-hit-not-the-minimum", base=VLLM_DENSE):
+    """`HybridKVCacheCoordinator.find_longest_cache_hit` takes the hit of several groups
+    as the minimum over them: each group's finder may shorten the candidate, and the
+    shorter length is what the next group is asked for. Here a shorter (non-zero) hit of
+    the Mamba group is ignored: the request is admitted with the attention groups' hit
+    while its state table ends at a state cached for fewer tokens.
+
+    Bug class: a hybrid hit that is not the minimum over its components (chapter 09's
+    STATE-5 for the two-pool model): the request's state has not read the prefix it is
+    said to have computed. Caught at the admission that hits: the entries past the
+    Mamba group's own hit get a fresh block, which vLLM keys at once as the state of the
+    whole hit, so the request runs on (and the cache holds, under that key) a state
+    that has read nothing (STATE-11). STATE-12 does not see it: the fresh block is
+    cached for exactly the hit."""
+
+    patch = Patch(COORDINATOR, "HybridKVCacheCoordinator.find_longest_cache_hit",
+                  "                curr_hit_length = _new_hit_length\n",
+                  "                if not (isinstance(spec, MambaSpec) and _new_hit_length):\n"
+                  "                    curr_hit_length = _new_hit_length\n")
+    clause, invariant_class = "STATE-11", "state"
+    exposed_by = Run(page_size=1, window=3, interval=4, state_grid=1)
+

@@ -37,8 +37,15 @@ def vllm() -> types.SimpleNamespace:
             init_none_hash,
             maybe_convert_block_hash,
         )
-        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager, SlidingWindowManager
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            MambaSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.request import Request, RequestStatus
     except ImportError as error:
         raise VllmMissing(f"cannot import vLLM's KV cache manager ({error}); install it with "
@@ -52,5 +59,6 @@ def vllm() -> types.SimpleNamespace:
         get_group_id=get_group_id, get_request_block_hasher=get_request_block_hasher,
         maybe_convert_block_hash=maybe_convert_block_hash, FullAttentionManager=FullAttentionManager,
         SlidingWindowManager=SlidingWindowManager, FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec, SlidingWindowSpec=SlidingWindowSpec, Request=Request,
+        KVCacheGroupSpec=KVCacheGroupSpec, SlidingWindowSpec=SlidingWindowSpec, MambaSpec=MambaSpec,
+        MambaManager=MambaManager, Scheduler=Scheduler, Request=Request,
         RequestStatus=RequestStatus)

@@ -50,7 +50,8 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 other = shadow.make_allocator(config["size_full"], config["size_swa"], P)
                 driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables,
-                                                                    atomic_decode="atomic_alloc_decode" in shadow.capabilities))
+                                                                    atomic_decode="atomic_alloc_decode" in shadow.capabilities),
+                                            shadow.name)
             self.driver = driver
             self.shadowed = shadow is not None
 

@@ -21,6 +21,7 @@ from kvspec.spec.notation import Violation
 from kvspec.spec.registry import INVARIANT_CLASSES, violations
 
 from .incremental import Certificates
+from .snapshot_shape import shape_problem
 
 
 class StepFailure(AssertionError):
@@ -97,11 +98,16 @@ class Checks:
         """Check `now` (and the step from `previous`, when there is one) with the spec's
         one runner, and count every check that ran or was skipped."""
         checks = self.run
-        if self.certificates is not None:
-            checks = [check for check in checks
-                      if not (check.compares_steps and previous is None)
-                      and not self.certificates.certifies(check, now, previous, step)]
-        found = violations(checks, now, previous, step)
+        try:
+            if self.certificates is not None:
+                checks = [check for check in checks
+                          if not (check.compares_steps and previous is None)
+                          and not self.certificates.certifies(check, now, previous, step)]
+            found = violations(checks, now, previous, step)
+        except Exception:  # a check raised: a field of the wrong type names the implementation's fault
+            if problem := shape_problem(now):
+                raise ImplementationCrash(f"the snapshot has a field of the wrong type: {problem}", ["OBS-1"]) from None
+            raise
         tally.record(self, previous is not None, found)
         return found
 

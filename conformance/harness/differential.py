@@ -9,20 +9,28 @@ from .replay import mismatch
 from .trace import TraceStep
 
 
-class DifferentialDriver:
-    """A tier's driver that also applies each step to the reference's driver."""
+class ComparedFailure(ImplementationCrash):
+    """The adapter compared against failed a step itself (its invariants are checked too):
+    a finding about that adapter, not about the implementation; its trace replays on it."""
 
-    def __init__(self, driver, reference_driver):
+
+class DifferentialDriver:
+    """A tier's driver that also applies each step to the driver of the adapter named
+    `against` (the reference by default)."""
+
+    def __init__(self, driver, reference_driver, against: str = "reference"):
         self.driver = driver
         self.reference = reference_driver
+        self.against = against
 
     def apply(self, step: TraceStep) -> dict[str, Any]:
         observed = self.driver.apply(step)
         try:
             expected = self.reference.apply(step)
         except StepFailure as failure:
-            raise ImplementationCrash(f"the reference itself failed on {step} (a kvspec bug, please report it): "
-                                      f"{failure}") from failure
+            whose = ("the reference itself failed (a kvspec bug, please report it)" if self.against == "reference" else
+                     f"the adapter compared against, {self.against}, failed itself (its finding, not the implementation's)")
+            raise ComparedFailure(f"{whose} on {step}: {failure}", failure.clauses) from failure
         if difference := mismatch(expected, observed):
             raise InvariantViolation(f"after {step} the implementation and the reference differ: {difference}",
                                      ["OBS-3"])

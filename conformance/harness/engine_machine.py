@@ -23,8 +23,9 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from kvspec.spec.models import TWO_POOL, MemoryModel
+from kvspec.spec.models import TWO_POOL, MemoryModel, model_for
 from kvspec.spec.snapshot import EngineConfig
+from kvspec.spec.state import min_state_slots
 from kvspec.spec.window import Policy
 
 from .differential import DifferentialDriver
@@ -39,21 +40,23 @@ MAX_REQUESTS = 4
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
                    capabilities: Iterable[str] = ALL, observables: Iterable[str] = TWO_POOL.observables,
-                   shadow=None, model: MemoryModel = TWO_POOL
+                   shadow=None, model: MemoryModel = TWO_POOL, state_grid: int | None = None
                    ) -> type[RecordingMachine]:
-    P, W = page_size, window
+    """With `state_grid`, every engine has a recurrent-state pool (chapter 09) of a few
+    slots more than it must have at least, with that checkpoint grid."""
+    P, W, G = page_size, window, state_grid
     longest_prompt = 2 * W + 4 * P
 
     class EngineMachine(RecordingMachine):
         tier = "engine"
 
-        @initialize(full_pages=st.integers(4, 24), swa_pages=st.integers(3, 16),
-                    stems=st.lists(st.lists(ALPHABET, min_size=P, max_size=longest_prompt), min_size=1, max_size=3))
-        def build(self, full_pages, swa_pages, stems):
+        def build_engine(self, full_pages, swa_pages, stems, max_requests=MAX_REQUESTS, spare_state_slots=None):
             # the full pool holds at least the longest request a step can grow
             full_pages = max(full_pages, (longest_prompt + 3 * W) // P + 2)
+            state_slots = 0 if spare_state_slots is None else min_state_slots(max_requests) + spare_state_slots
             self.config = EngineConfig(page_size=P, window=W, size_full=full_pages * P, size_swa=swa_pages * P,
-                                       max_requests=MAX_REQUESTS, policy=policy)
+                                       max_requests=max_requests, policy=policy, state_slots=state_slots,
+                                       state_grid=G or 1)
             note(f"make_engine({self.config})")
             self.start_example(engine_config_json(self.config))
             engine = make_engine(self.config)
@@ -62,10 +65,21 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.prefilling: set[str] = set()
             self.decoding: set[str] = set()
             self.retracted: set[str] = set()
-            driver = EngineDriver(engine, model, self.observables, log=note)
+            driver = EngineDriver(engine, model_for(model, self.config), self.observables, log=note)
             if shadow is not None:  # differential mode: the other adapter takes every step too
-                driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config), shadow.model, shadow.observables))
+                driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config),
+                                                                 model_for(shadow.model, self.config), shadow.observables),
+                                            shadow.name)
             self.driver = driver
+
+        POOLS = dict(full_pages=st.integers(4, 24), swa_pages=st.integers(3, 16),
+                     stems=st.lists(st.lists(ALPHABET, min_size=P, max_size=longest_prompt), min_size=1, max_size=3))
+        if G is None:
+            build = initialize(**POOLS)(build_engine)
+        else:  # a tight state pool: at most a few unlocked checkpoints fit beside the locked ones,
+            # fewest when few requests may run (each new checkpoint then evicts an older one)
+            build = initialize(**POOLS, max_requests=st.integers(1, MAX_REQUESTS),
+                               spare_state_slots=st.integers(0, 2))(build_engine)
 
         # -- helpers ----------------------------------------------------------------------
 
@@ -90,14 +104,14 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
 
         # -- lifecycle --------------------------------------------------------------------
 
-        @precondition(lambda self: self.running() < MAX_REQUESTS)
+        @precondition(lambda self: self.running() < self.config.max_requests)
         @rule(data=st.data())
         def admit(self, data):
             rid = self.new_rid()
             if self.run("admit", rid=rid, prompt=self.prompt(data))["outcome"] == "ok":
                 self.prefilling.add(rid)
 
-        @precondition(lambda self: self.running() < MAX_REQUESTS and P > 1 and "pd_decode" in self.capabilities)
+        @precondition(lambda self: self.running() < self.config.max_requests and P > 1 and "pd_decode" in self.capabilities)
         @rule(data=st.data(), first_output=ALPHABET)
         def pd_admit(self, data, first_output):
             rid = self.new_rid()
@@ -110,6 +124,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             rid = data.draw(st.sampled_from(sorted(self.prefilling)))
             if "chunked_prefill" not in self.capabilities:
                 chunk = longest_prompt + 3 * W  # the whole prompt at once
+            elif G is not None:  # often to the grid, where a checkpoint is taken (STATE-3)
+                chunk = data.draw(st.just(chunk) | st.integers(1, 3).map(lambda k: k * G))
             if self.run("prefill_chunk", rid=rid, chunk=chunk, token=token)["outcome"] == "ok" \
                     and self.view(rid).finished_prefill:
                 self.prefilling.remove(rid)
@@ -134,6 +150,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             # a stop lies among the outputs whose KV is written: one per decode step; the
             # deepest one is drawn often, as it leaves whole pages over-allocated (LIFE-5)
             most = min(2 * P, view.decode_steps, view.kv_committed_len - view.cache_protected_len)
+            if G is not None and "releases_state_at_stop" not in self.capabilities:
+                most = 0  # the engine keeps a state that has read past the stop (STATE-3, SGL-10): not drawn
             trim = data.draw(st.just(most) | st.integers(0, most)) if stop else 0
             self.run("finish", rid=rid, trim=trim)
             self.decoding.remove(rid)
@@ -148,7 +166,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             if retract:
                 self.retracted.add(rid)
 
-        @precondition(lambda self: self.retracted and self.running() < MAX_REQUESTS)
+        @precondition(lambda self: self.retracted and self.running() < self.config.max_requests)
         @rule(data=st.data())
         def readmit(self, data):
             rid = data.draw(st.sampled_from(sorted(self.retracted)))

@@ -44,6 +44,8 @@ class Run:
     page_size: int
     window: int | None = None
     interval: int | None = None
+    state_grid: int | None = None
+    """With recurrent state (chapter 09): its checkpoint grid; None: none."""
 
     @property
     def tier(self) -> str:
@@ -53,7 +55,8 @@ class Run:
     def label(self) -> str:
         if self.tier == "allocator":
             return f"allocator P={self.page_size}"
-        return f"engine P={self.page_size} W={self.window} I={self.interval}"
+        label = f"P={self.page_size} W={self.window} I={self.interval}"
+        return f"engine {label}" if self.state_grid is None else f"engine+state {label} G={self.state_grid}"
 
 
 PAGE_SIZES = (1, 2, 4, 16)
@@ -64,7 +67,12 @@ ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0,
 request cannot outgrow its cursor by 128 tokens): (4, 8, 128) checks that nothing is
 evicted before it is due, and (4, 8, 1) is the page-multiple window with decode
 eviction firing."""
-RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS))
+STATE_CONFIGS = ((1, 3, 4, 1), (2, 5, 1, 4), (4, 6, 4, 8))
+"""The engine tier's runs with recurrent state (page size, window, interval, checkpoint
+grid): every position a boundary (SGLang without its extra buffer needs page size 1),
+and grids of two pages, so that hits and checkpoints fall on and off the grid."""
+RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS),
+        *(Run(*config) for config in STATE_CONFIGS))
 """Every run a check makes (for the tiers and page sizes an adapter has)."""
 
 

@@ -7,13 +7,28 @@ forked). Up to `workers` run at once. A job reports through a Journal: a line pe
 example and per step, written to a file before the step runs, and a heartbeat. When a
 job's process dies, or no step finishes within `step_timeout` seconds, the parent kills
 it and hands `on_lost` the journal's last example: the steps up to the one that crashed
-or hung.
+or hung. So too when a job's resident memory grows past `memory_limit` bytes (a leak
+of the implementation): it is a crash, with the steps up to the one that grew it.
+
+The memory limit is measured, not imposed with setrlimit(RLIMIT_AS): the address space
+counts what is reserved but never touched (allocator arenas, thread stacks, a CUDA
+context reserves tens of GiB), so a limit on it would fail sound implementations. The
+worker compares its peak resident set size with the limit before each journal event, so
+the trace it leaves ends with the step that grew it (a leak that builds up over examples
+is seen before the next example starts); the parent also reads each worker's resident
+set size (/proc/PID/statm) at every poll, for a step that grows without returning.
+Linux only; elsewhere no limit is enforced.
 """
 
 import json
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
 import os
+import resource
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,19 +38,31 @@ from .trace import TraceStep
 
 PRELOAD = ["kvspec.conformance.runs.jobs", "torch"]
 POLL_SECONDS = 0.05
+MEMORY_LIMIT = 8 << 30
+"""A worker's resident memory beyond which it is a leak (`--memory-limit`, in GiB)."""
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAST_MEMORY_LIMIT = 86
+"""A worker's exit status when it ends itself at the memory limit."""
 STARTUP_SECONDS = 600
 """How long a worker may take to start (the forkserver's first start, importing the
 implementation under test) before its first step: that is not a step's hang."""
 
 
 class Journal:
-    """The worker's side: what it is doing, where the parent can read it if it dies."""
+    """The worker's side: what it is doing, where the parent can read it if it dies.
 
-    def __init__(self, path: str, heartbeat):
+    Past `memory_limit` resident bytes the worker writes the peak it reached and ends at
+    once (PAST_MEMORY_LIMIT), before the event that would start another step or example."""
+
+    def __init__(self, path: str, heartbeat, memory_limit: int | None = None):
         self.file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the job's whole life
         self.heartbeat = heartbeat
+        self.memory_limit = memory_limit if os.path.exists("/proc/self/statm") else None
 
     def __call__(self, kind: str, payload: Any):
+        if self.memory_limit is not None and (peak := peak_resident_bytes()) > self.memory_limit:
+            self.file.write(json.dumps({"memory": peak}) + "\n")
+            os._exit(PAST_MEMORY_LIMIT)  # the parent reads why in the journal
         self.heartbeat.value = time.time()
         data = payload.to_json() if isinstance(payload, TraceStep) else payload
         self.file.write(json.dumps({kind: data}, separators=(",", ":")) + "\n")
@@ -51,8 +78,10 @@ class Lost:
     steps: list[TraceStep]
 
 
-def last_example(path: str) -> tuple[dict | None, list[TraceStep]]:
-    config, steps = None, []
+def last_example(path: str) -> tuple[dict | None, list[TraceStep], int | None]:
+    """The journal's last example as (config, steps), and the peak resident bytes the
+    worker wrote before ending itself at the memory limit (None if it did not)."""
+    config, steps, peak = None, [], None
     try:
         with open(path) as journal:
             for line in journal:
@@ -65,34 +94,97 @@ def last_example(path: str) -> tuple[dict | None, list[TraceStep]]:
                 elif "step" in event:
                     step = event["step"]
                     steps.append(TraceStep(step["op"], step["args"], step.get("refuse", False)))
+                elif "memory" in event:
+                    peak = event["memory"]
     except OSError:
         pass
-    return config, steps
+    return config, steps, peak
 
 
-def worker_main(work: Callable, job: Any, connection, heartbeat, journal_path: str):
-    result = work(job, Journal(journal_path, heartbeat))
+def past_memory_limit(used: int, limit: int) -> str:
+    return (f"the process running the implementation grew to {used / (1 << 30):.1f} GiB of resident memory, past "
+            f"the memory limit of {limit / (1 << 30):g} GiB (--memory-limit; a leak?)")
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident set size (getrusage: one system call; Linux counts KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident set size of process `pid`, or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def end_with_the_harness() -> None:
+    """Make this worker end when the process that started it does.
+
+    A worker can outlive its harness: one killed with SIGKILL, or one interrupted while
+    the forkserver was still importing, whose request to fork it was already on its way
+    (the forkserver forks it seconds later, after the harness has gone and removed the
+    journals). Such an orphan would run its whole job for no reader and end in a
+    traceback. The parent's sentinel becomes readable when the parent ends."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="end-with-the-harness", daemon=True).start()
+
+
+def worker_main(work: Callable, job: Any, connection, heartbeat, journal_path: str, memory_limit: int | None):
+    # Ctrl-C reaches the whole process group: the parent stops the workers and reports
+    # what finished; a worker of its own would print a traceback from inside its run
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_with_the_harness()
+    try:
+        journal = Journal(journal_path, heartbeat, memory_limit)
+    except FileNotFoundError:  # the harness has gone and removed its journals: no one to report to
+        return
+    result = work(job, journal)
     connection.send(result)
     connection.close()
 
 
 def context(preload: Iterable[str] = ()):
+    """The forkserver context, its server started deaf to Ctrl-C.
+
+    Ctrl-C reaches the whole process group, the forkserver too. The forkserver ignores
+    SIGINT only once its preload has finished (multiprocessing.forkserver.main), and that
+    import of torch and the implementation takes seconds: a Ctrl-C then printed its
+    KeyboardInterrupt traceback (seen on CI). Started with SIGINT ignored, it and every
+    worker it forks inherit the ignore across exec, and the parent alone answers Ctrl-C."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([*PRELOAD, *preload])
+    if threading.current_thread() is threading.main_thread():  # only there can a handler change
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     return ctx
 
 
 def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: Callable[[Any, Lost], Any],
-             workers: int, step_timeout: float, on_done: Callable[[Any, Any], None], preload: Iterable[str] = ()) -> None:
+             workers: int, step_timeout: float, on_done: Callable[[Any, Any], None], preload: Iterable[str] = (),
+             memory_limit: int | None = MEMORY_LIMIT) -> None:
     """Run `work(job, journal)` for every job in a worker process; call `on_done(job,
     result)` as each finishes, with `on_lost(job, lost)` as the result of a lost one.
-    `preload`: modules the forkserver imports first (an adapter's slow imports, once)."""
+    `preload`: modules the forkserver imports first (an adapter's slow imports, once);
+    `memory_limit`: a worker's most resident bytes (None: unbounded)."""
     ctx = context(preload)
     pending = list(jobs)
     running = []
     with tempfile.TemporaryDirectory(prefix="kvspec-journal-") as journals:
         try:
-            supervise(ctx, pending, running, journals, work, on_lost, workers, step_timeout, on_done)
+            supervise(ctx, pending, running, journals, work, on_lost, workers, step_timeout, on_done, memory_limit)
         finally:  # interrupted (Ctrl-C, SIGTERM, an error): no worker outlives the harness
             for _job, process, *_ in running:
                 process.kill()
@@ -100,7 +192,7 @@ def run_jobs(jobs: Iterable[Any], work: Callable[[Any, Journal], Any], on_lost: 
 
 
 def supervise(ctx, pending: list, running: list, journals: str, work, on_lost, workers: int,
-              step_timeout: float, on_done) -> None:
+              step_timeout: float, on_done, memory_limit: int | None = None) -> None:
     """Start jobs while fewer than `workers` run; collect each result, or declare it lost."""
     while pending or running:
         while pending and len(running) < max(1, workers):
@@ -108,7 +200,8 @@ def supervise(ctx, pending: list, running: list, journals: str, work, on_lost, w
             receiver, sender = ctx.Pipe(duplex=False)
             heartbeat = ctx.Value("d", 0.0, lock=False)  # 0 until the job's first event
             path = os.path.join(journals, f"job-{id(job)}-{len(pending)}.jsonl")
-            process = ctx.Process(target=worker_main, args=(work, job, sender, heartbeat, path), daemon=True)
+            process = ctx.Process(target=worker_main, args=(work, job, sender, heartbeat, path, memory_limit),
+                                  daemon=True)
             process.start()
             sender.close()
             running.append((job, process, receiver, heartbeat, path, time.time()))
@@ -125,16 +218,23 @@ def supervise(ctx, pending: list, running: list, journals: str, work, on_lost, w
                 process.join()
             elif not process.is_alive():
                 process.join()
+                config, steps, peak = last_example(path)
                 how = f"signal {-process.exitcode}" if process.exitcode and process.exitcode < 0 \
                     else f"exit status {process.exitcode}"
-                result = on_lost(job, Lost(f"the process running the implementation died ({how})", "crashed",
-                                           *last_example(path)))
+                why = past_memory_limit(peak, memory_limit) if peak is not None and memory_limit is not None \
+                    else f"the process running the implementation died ({how})"
+                result = on_lost(job, Lost(why, "crashed", config, steps))
+            elif memory_limit is not None and (used := resident_bytes(process.pid) or 0) > memory_limit:
+                process.kill()
+                process.join()
+                config, steps, _ = last_example(path)
+                result = on_lost(job, Lost(past_memory_limit(used, memory_limit), "crashed", config, steps))
             elif (time.time() - heartbeat.value > step_timeout if heartbeat.value
                   else time.time() - started > max(step_timeout, STARTUP_SECONDS)):
                 process.kill()
                 process.join()
-                result = on_lost(job, Lost(f"no step finished within {step_timeout:g} s (hang)", "hung",
-                                           *last_example(path)))
+                config, steps, _ = last_example(path)
+                result = on_lost(job, Lost(f"no step finished within {step_timeout:g} s (hang)", "hung", config, steps))
             else:
                 continue
             receiver.close()

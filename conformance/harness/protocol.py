@@ -5,6 +5,9 @@ An adapter is any object (a module, a class, an instance) with these attributes:
 
     name                 a short name for reports
     policy_version       the spec policy version it implements (kvspec.spec.window)
+    policy_versions      optional: every policy version it implements, policy_version among
+                         them (default: policy_version alone); a trace of another version
+                         is skipped by a replay, and reported as skipped
     memory_model         optional: the name of its memory model (kvspec.spec.models.MODELS;
                          default "two-pool"); its snapshots are that model's type and only
                          that model's invariants apply
@@ -46,8 +49,15 @@ from kvspec.spec.window import POLICY_VERSIONS
 from . import families
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode")
-"""refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
+                "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
+                "paged_recurrent_state", "releases_state_at_stop")
+"""recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
+show its memory model's snapshot with state; the runs with state need it, and those at a
+page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
+without its extra buffer). releases_state_at_stop: a finish with a stop that leaves written
+outputs past it frees the working state, which has read them, instead of keeping it as
+the checkpoint of the shorter insert (STATE-9); without it the state runs finish without
+such a stop. refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
 atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without them the
 allocator machine does not try the misuse, and calls alloc_decode only with room."""
 
@@ -106,6 +116,8 @@ class Adapter:
     """What it was loaded by: a worker process loads it again by this."""
     preload: tuple[str, ...] = ()
     """Modules worker processes import before forking (the implementation's slow imports)."""
+    policy_versions: tuple[str, ...] = ()
+    """Every policy version it implements (policy_version first)."""
 
 
 def resolve(spec: str) -> Any:
@@ -127,6 +139,9 @@ def resolve(spec: str) -> Any:
     except ImportError as error:
         raise AdapterError(f"adapter {spec!r}: cannot import module {module_name!r} ({error}); "
                            f"is it installed, or on PYTHONPATH?") from error
+    except Exception as error:  # a syntax error, or the module's own code raised: the adapter's fault
+        raise AdapterError(f"adapter {spec!r}: importing module {module_name!r} raised {type(error).__name__}: "
+                           f"{error}; fix the module") from error
     if not hasattr(module, attribute):
         raise AdapterError(f"adapter {spec!r}: module {module_name!r} has no attribute {attribute!r}")
     return getattr(module, attribute)
@@ -148,6 +163,13 @@ def validate(candidate: Any, spec: str) -> Adapter:
     elif version not in model.policy_versions:
         problems.append(f"policy_version {version!r} is not one of the {model.name} model "
                         f"({', '.join(model.policy_versions)}); declare its memory_model")
+    versions = getattr(candidate, "policy_versions", (version,))
+    versions = (versions,) if isinstance(versions, str) else tuple(versions)
+    if version not in versions:
+        problems.append(f"policy_versions {versions} must include its policy_version {version!r}")
+    if stray := [v for v in versions if v not in model.policy_versions]:
+        problems.append(f"policy_versions {stray} are not versions of the {model.name} model "
+                        f"({', '.join(model.policy_versions)})")
     capabilities = frozenset(getattr(candidate, "capabilities", ()))
     unknown = sorted(capabilities - set(CAPABILITIES))
     if unknown:
@@ -168,7 +190,8 @@ def validate(candidate: Any, spec: str) -> Adapter:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
     preload = getattr(candidate, "preload", ())
     preload = (preload,) if isinstance(preload, str) else tuple(preload)
-    return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload)
+    return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload,
+                   (version, *(v for v in versions if v != version)))
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

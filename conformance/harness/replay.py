@@ -10,14 +10,15 @@ which is then the finding) or when a later step cannot be applied.
 
 from dataclasses import dataclass, replace
 
-from kvspec.spec.models import TWO_POOL, model_of_version
+from kvspec.spec.models import TWO_POOL, model_for, model_of_version
+from kvspec.spec.outcomes import InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
 
-from .allocator_driver import AllocatorDriver
+from .allocator_driver import REFUSALS, AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
-from .protocol import Adapter, AdapterError
-from .trace import Trace
+from .protocol import Adapter, AdapterError, load_adapter
+from .trace import Trace, TraceError
 
 
 @dataclass
@@ -63,11 +64,19 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["swa_tail"] = True
         elif step.op.startswith("free_group"):
             needs["free_groups"] = True
+        elif step.op in REFUSALS:  # a misuse the allocator must refuse unchanged (ALLOC-6)
+            needs["refuses_misuse"] = True
+    if trace.tier == "engine" and trace.config.get("state_slots"):
+        needs["recurrent_state"] = True
+        if trace.config["page_size"] > 1:
+            needs["paged_recurrent_state"] = True
+        if any(step.op == "finish" and step.args.get("trim") for step in trace.steps):
+            needs["releases_state_at_stop"] = True  # a stop past written outputs (STATE-9)
     factory = adapter.make_allocator if trace.tier == "allocator" else adapter.make_engine
     unmet = [] if factory is not None else [f"the {trace.tier} tier"]
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
-    if model_of_version(version) is not adapter.model:  # WIN-1: another memory model
-        unmet.append(f"policy version {version} (it implements {adapter.policy_version})")
+    if version not in adapter.policy_versions:  # WIN-1: a version it does not implement, or another model's
+        unmet.append(f"policy version {version} (it implements {', '.join(adapter.policy_versions)})")
     return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in adapter.capabilities]
 
 
@@ -84,7 +93,7 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     if adapter.make_engine is None:
         raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
     engine_config: EngineConfig = trace.engine_config()
-    return EngineDriver(adapter.make_engine(engine_config), adapter.model, observables, log=log)
+    return EngineDriver(adapter.make_engine(engine_config), model_for(adapter.model, engine_config), observables, log=log)
 
 
 def mismatch(expected: dict, observed: dict) -> str | None:
@@ -95,9 +104,14 @@ def mismatch(expected: dict, observed: dict) -> str | None:
     return None
 
 
-def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool = True, journal=None) -> Replay:
+def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool = True, journal=None,
+           judge_trace: bool = False) -> Replay:
     """Apply the trace's steps to a fresh implementation; see the module docstring.
-    `journal` (isolation.Journal) hears of each step before it runs."""
+    `journal` (isolation.Journal) hears of each step before it runs, and of the build.
+    With `judge_trace`, a step that fails because the trace itself breaks the lifecycle
+    raises TraceError instead (trace_fault): a bad trace, not a failure of the adapter."""
+    if journal is not None:
+        journal("building", trace.tier)  # a hang building the implementation is a step's hang
     try:
         driver = build_driver(trace, adapter, log)
     except StepFailure as failure:  # the fresh engine already breaks an invariant
@@ -113,6 +127,11 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         except StepFailure as failure:
             if isinstance(failure, StepNotApplicable) and divergence is not None:
                 break  # the implementation went another way at the divergence: that is the finding
+            if judge_trace and divergence is None and (why := trace_fault(trace, index, observed)):
+                raise TraceError(f"step {index} (line {index + 2}: {step}) is not a step the spec's lifecycle "
+                                 f"allows here: {why}; the trace is at fault, not the implementation: fix or drop "
+                                 f"that step (mark a misuse the spec requires refused with \"refuse\": true)"
+                                 ) from failure
             return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
         observed.append(now)
         if compare and divergence is None and step.expect is not None and (difference := mismatch(step.expect, now)):
@@ -121,6 +140,63 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         at, failure = divergence
         return Replay(at, failure, stopped_at=at, tally=driver.tally, observed=observed)
     return Replay(len(trace.steps), tally=driver.tally, observed=observed)
+
+
+def trace_fault(trace: Trace, index: int, observed: list) -> str | None:
+    """[LIFE-1] Why step `index` of the trace is itself at fault, or None when the
+    failure there is the implementation's. A trace may name a request it never admitted,
+    or (from the outcomes its `expect` records) admit one still running, whatever the
+    model. Of a two-pool trace the reference decides the rest (the spec's lifecycle
+    state: a prefill still going on, a trim beyond a request's own tokens, a sequence
+    the allocator tier never made): the step is at fault when the reference, which
+    showed what the implementation showed at every step before (OBS-3, so both stood in
+    the spec's same state), cannot apply it either, or must refuse it while the trace
+    does not mark it refused, or accepts it while the trace marks it refused."""
+    step = trace.steps[index]
+    if trace.tier == "engine" and not step.refuse and (why := unknown_request(trace, index)):
+        return why
+    if trace.tier == "engine" and model_of_version(trace.config["policy"]["version"]) is not TWO_POOL:
+        return None  # no reference for another memory model: only what the trace itself shows
+    prefix = replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps[:index + 1]))
+    try:
+        result = replay(prefix, load_adapter("reference"), compare=False)
+    except AdapterError:  # the reference cannot build this configuration: it cannot judge
+        return None
+    failure = result.failure
+    if failure is None or result.stopped_at != index or (result.observed or [])[:index] != observed[:index]:
+        return None
+    if isinstance(failure, StepNotApplicable):
+        return str(failure)
+    if isinstance(failure.__cause__, InvalidRequest):
+        return f"the spec refuses it ({failure.__cause__})"
+    if step.refuse and failure.clauses == ("LIFE-1",):
+        return "it is marked refused, but the lifecycle allows it"
+    return None
+
+
+def unknown_request(trace: Trace, index: int) -> str | None:
+    """What the trace alone shows wrong with engine step `index`: a request it never
+    admitted, or one it admits while an earlier admission (recorded as ok) still runs."""
+    step = trace.steps[index]
+    rid = step.args.get("rid")
+    admitted: set[str] = set()
+    running: set[str] = set()
+    for earlier in trace.steps[:index]:
+        if earlier.refuse:
+            continue
+        if earlier.op in ("admit", "pd_admit"):
+            admitted.add(earlier.args["rid"])
+            if earlier.expect is not None and earlier.expect.get("outcome") == "ok":
+                running.add(earlier.args["rid"])
+        elif earlier.op in ("finish", "abort", "retract"):
+            running.discard(earlier.args["rid"])
+        elif earlier.op == "drain":
+            running.clear()
+    if step.op in ("admit", "pd_admit"):
+        return f"request {rid!r} is already running (admitted earlier, not released since)" if rid in running else None
+    if rid is not None and rid not in admitted:
+        return f"request {rid!r} was never admitted before this step"
+    return None
 
 
 def with_expectations(trace: Trace, reference: Adapter) -> Trace:

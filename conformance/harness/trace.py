@@ -14,6 +14,8 @@ naming the file, the line and what is wrong.
 """
 
 import json
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +34,8 @@ SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "trace.schema.js
 SCHEMA_ID = SCHEMA["$id"]
 MAX_LINE = 1 << 20
 """Longest line accepted: a trace is small data, a huge line is a malformed file."""
+MAX_FILE = 64 << 20
+"""Most bytes read of one trace (or index) file: what is longer is refused unread."""
 
 
 def kvspec_version() -> str:
@@ -118,7 +122,12 @@ class Trace:
 
 
 def engine_config_json(config: EngineConfig) -> dict[str, Any]:
-    return asdict(config)
+    """The configuration as a trace's header writes it; a model without recurrent state
+    leaves the state pool out, so its traces read as they did before chapter 09."""
+    fields = asdict(config)
+    if not config.state_slots:
+        del fields["state_slots"], fields["state_grid"]
+    return fields
 
 
 def problem(where: str, errors: Iterable) -> TraceError:
@@ -129,7 +138,9 @@ def problem(where: str, errors: Iterable) -> TraceError:
 
 def parse(text: str, source: str = "<trace>") -> Trace:
     """A trace from its JSON Lines text; TraceError if it is not a valid kvspec trace."""
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    # JSON Lines separates lines by "\n" only (a "\r" before it is JSON whitespace):
+    # str.splitlines() would also split at U+2028 and others, valid inside a JSON string
+    lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:
         raise TraceError(f"{source}: empty; a trace starts with a header line (see {SCHEMA_ID})")
     documents = []
@@ -138,8 +149,9 @@ def parse(text: str, source: str = "<trace>") -> Trace:
             raise TraceError(f"{source} line {number}: longer than {MAX_LINE} characters")
         try:
             documents.append((number, json.loads(line)))
-        except (json.JSONDecodeError, RecursionError) as error:
-            raise TraceError(f"{source} line {number}: not JSON ({error})") from None
+        except (ValueError, RecursionError) as error:  # ValueError: also an integer of thousands of digits
+            raise TraceError(f"{source} line {number}: not JSON ({error}); a trace line is one JSON object "
+                             f"(see {SCHEMA_ID})") from None
     (number, header), steps = documents[0], documents[1:]
     if not isinstance(header, dict) or "kvspec_trace" not in header:
         raise TraceError(f"{source} line {number}: not a kvspec trace header (no 'kvspec_trace' key)")
@@ -168,12 +180,37 @@ def parse(text: str, source: str = "<trace>") -> Trace:
                  header.get("label", ""), header.get("description", ""), header["kvspec_version"])
 
 
-def load(path: str | Path) -> Trace:
+def read_bounded(path: str | Path, limit: int = MAX_FILE, what: str = "trace") -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, else TraceError. A link, a
+    directory, a FIFO or a device is refused before it is opened (a FIFO would block, a
+    device never end, a link may lead outside the corpus); the file is opened without
+    following a link and without blocking, and checked again once open, so a file
+    swapped in between is refused too."""
     path = Path(path)
+    kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO",
+             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
     try:
-        data = path.read_bytes()
+        mode = os.lstat(path).st_mode
+        if stat.S_ISREG(mode):
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(descriptor, "rb") as file:
+                mode = os.fstat(file.fileno()).st_mode
+                data = file.read(limit + 1) if stat.S_ISREG(mode) else b""
     except OSError as error:
-        raise TraceError(f"cannot read trace {path}: {error.strerror}") from None
+        raise TraceError(f"cannot read {what} {path}: {error.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise TraceError(f"{what} {path} is {kinds.get(stat.S_IFMT(mode), 'not a regular file')}, not a file: "
+                         f"kvspec reads traces and indexes from regular files only; copy the file there")
+    if len(data) > limit:
+        raise TraceError(f"{what} {path} is longer than {limit} bytes, more than kvspec reads of one; "
+                         f"is it a {what}?")
+    return data
+
+
+def load(path: str | Path, data: bytes | None = None) -> Trace:
+    """The trace in the file at `path` (read_bounded), or in `data` already read from it."""
+    path = Path(path)
+    data = read_bounded(path) if data is None else data
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -191,4 +228,4 @@ def trace_files(path: str | Path) -> list[Path]:
         return found
     if not path.exists():
         raise TraceError(f"no such trace file or directory: {path}")
-    return [path]
+    return [path.resolve() if path.is_symlink() else path]  # a link named on the command line is the user's choice

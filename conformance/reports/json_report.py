@@ -44,6 +44,7 @@ def run_json(run: RunResult) -> dict:
         "message": run.message,
         "trace": run.trace,
         "trace_steps": run.trace_steps,
+        "replay_adapter": run.replay_adapter,
         "tallies": {name: {"checked": tally.checked, "violated": tally.violated, "skipped": tally.skipped}
                     for name, tally in sorted(run.tallies.items(), key=lambda item: INVARIANT_CLASSES.index(item[0]))},
         "skipped_because": {name: run.skipped_because[name]
@@ -72,6 +73,8 @@ def to_json(report: CheckReport) -> dict:
         "verdicts": verdict_counts(report),
         "classes": class_totals(report),
         "runs": [run_json(run) for run in report.runs],
+        **({"interrupted": {"signal": report.interrupted, "unfinished": list(report.unfinished)}}
+           if report.interrupted else {}),
     }
 
 

@@ -7,7 +7,7 @@ from xml.etree import ElementTree
 
 from kvspec.spec.registry import INVARIANT_CLASSES
 
-from .model import MESSAGE_ATTRIBUTE_LENGTH, CheckReport, RunResult, outcome, skip_reasons
+from .model import MESSAGE_ATTRIBUTE_LENGTH, CheckReport, RunResult, outcome, skip_reasons, tier_of
 from .text import plural, result_text
 
 NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -92,16 +92,23 @@ def add_outcome(testcase: ElementTree.Element, run: RunResult) -> None:
 def to_junit(report: CheckReport) -> str:
     """The report as JUnit XML (see schemas/junit.xsd): one testsuite per tier, in the
     order the runs first name them; one testcase per run."""
+    counts = junit_counts(report.runs)
+    counts.update(tests=str(int(counts["tests"]) + len(report.unfinished)),
+                  skipped=str(int(counts["skipped"]) + len(report.unfinished)))
     root = ElementTree.Element("testsuites", {"name": xml_text(f"kvspec check --adapter {report.adapter}"),
-                                              **junit_counts(report.runs), "time": junit_seconds(report.seconds)})
+                                              **counts, "time": junit_seconds(report.seconds)})
     settings = {"kvspec_version": report.kvspec_version, "adapter": report.adapter,
                 "policy_version": report.policy_version, "profile": report.profile,
                 "seed": "random" if report.seed is None else str(report.seed), "started": report.started}
-    for tier in dict.fromkeys(run.tier for run in report.runs):
+    for tier in dict.fromkeys([*(run.tier for run in report.runs), *map(tier_of, report.unfinished)]):
         runs = [run for run in report.runs if run.tier == tier]
+        unfinished = [label for label in report.unfinished if tier_of(label) == tier]
         name = suite_name(report, tier)
+        counts = junit_counts(runs)
+        counts.update(tests=str(int(counts["tests"]) + len(unfinished)),
+                      skipped=str(int(counts["skipped"]) + len(unfinished)))
         suite = ElementTree.SubElement(root, "testsuite", {
-            "name": name, **junit_counts(runs), "time": junit_seconds(sum(run.seconds for run in runs)),
+            "name": name, **counts, "time": junit_seconds(sum(run.seconds for run in runs)),
             "timestamp": junit_timestamp(report.started)})
         properties = ElementTree.SubElement(suite, "properties")
         for key, value in settings.items():
@@ -111,6 +118,10 @@ def to_junit(report: CheckReport) -> str:
                                               time=junit_seconds(run.seconds))
             add_outcome(testcase, run)
             ElementTree.SubElement(testcase, "system-out").text = xml_text(run_output(run))
+        for label in unfinished:  # not run to its end: nothing was proven either way
+            testcase = ElementTree.SubElement(suite, "testcase", name=xml_text(label), classname=name, time="0.000")
+            ElementTree.SubElement(testcase, "skipped", message=f"interrupted ({report.interrupted}) before this "
+                                                                f"run finished")
     ElementTree.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
 

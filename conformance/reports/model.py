@@ -37,6 +37,8 @@ from kvspec.spec.registry import INVARIANT_CLASSES
 REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/1"
 TIERS = ("allocator", "engine")
 VERDICTS = ("ok", "violated", "crashed", "hung")
+INTERRUPTS = {"SIGINT": 2, "SIGTERM": 15}
+"""The signals that stop a check with a partial report (Ctrl-C, a cancelled CI job)."""
 UTC_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|\+00:00)")
 """`CheckReport.started`: ISO 8601 in UTC, as `utc_now()` writes it (the schema's pattern)."""
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -79,6 +81,7 @@ class RunResult:
     shrink_budget_seconds: float | None = None  # the budget it shrank under
     shrink_stopped_at_budget: bool = False  # shrinking was cut at the budget, not finished
     picture: str | None = None  # path of the picture of the run (kvspec check --plot), not in the JSON report
+    replay_adapter: str | None = None  # the adapter the trace fails on, when not the checked one (a differential's other)
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"
@@ -124,8 +127,16 @@ class CheckReport:
     started: str  # ISO 8601 UTC, see utc_now()
     seconds: float
     runs: list[RunResult]
+    interrupted: str | None = None
+    """The signal that stopped the check before every run finished ("SIGINT", "SIGTERM"),
+    or None: `runs` are those that finished, `unfinished` the labels of the rest."""
+    unfinished: list[str] = field(default_factory=list)
 
     def __post_init__(self):
+        require(self.interrupted in INTERRUPTS or self.interrupted is None,
+                f"CheckReport: interrupted {self.interrupted!r}; use one of {tuple(INTERRUPTS)} or None")
+        require(self.interrupted is not None or not self.unfinished,
+                "CheckReport: unfinished runs without an interruption; set interrupted")
         for name in ("kvspec_version", "adapter", "policy_version", "profile"):
             require(bool(getattr(self, name)), f"CheckReport: {name} is empty")
         require(UTC_TIMESTAMP.fullmatch(self.started) is not None,
@@ -134,7 +145,10 @@ class CheckReport:
 
     @property
     def exit_status(self) -> int:
-        """0 when every run is ok, else 1 (the exit status of `kvspec check`)."""
+        """0 when every run is ok, else 1 (the exit status of `kvspec check`); 128 + the
+        signal's number when it was interrupted, as a shell reports a process it stopped."""
+        if self.interrupted is not None:
+            return 128 + INTERRUPTS[self.interrupted]
         return 0 if all(run.verdict == "ok" for run in self.runs) else 1
 
 
@@ -199,3 +213,8 @@ def class_totals(report: CheckReport) -> dict[str, dict]:
 def verdict_counts(report: CheckReport) -> dict[str, int]:
     counted = Counter(run.verdict for run in report.runs)
     return {verdict: counted[verdict] for verdict in VERDICTS}
+
+
+def tier_of(label: str) -> str:
+    """The tier a run's label names ("allocator P=4", "engine P=4 W=6 I=4")."""
+    return "allocator" if label.startswith("allocator") else "engine"

@@ -39,6 +39,11 @@ table may hold after its last allocation), each summed over the requests. The su
 counts a block that two requests share (a prefix hit) once per request, as the bound
 does; the band above counts it once.
 
+An engine with recurrent layers (spec chapter 09: its snapshots have a `state`) gets a
+third panel, its state pool by holder: the requests' working (and tracking) states,
+the checkpoints of the prefix tree, locked or evictable by their state lock ref,
+unaccounted (a slot neither free nor held: STATE-1), and free.
+
 A timeline replays a trace through its tier's driver and records the occupancy after
 each step. It goes on past a step that breaks an invariant, recording the clauses, and
 stops at a crash or a step the implementation cannot apply. `draw` turns it into a
@@ -55,6 +60,7 @@ from kvspec.spec.invariants.holders import node_holding, non_root_nodes, request
 from kvspec.spec.models import BLOCK_POOL, TWO_POOL
 from kvspec.spec.pages import ceil_page
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot, RequestView
+from kvspec.spec.state import HybridStateSnapshot, StatePoolView
 from kvspec.spec.window import decode_window_bound, eviction_span_bound, retention
 
 from ..harness.allocator_driver import AllocatorDriver
@@ -69,11 +75,16 @@ NOT_ATTRIBUTED, UNACCOUNTED, FREE = "held (not attributed)", "unaccounted (free 
 FULL_TABLES, SWA_TABLES = "held by full-attention tables", "held by sliding-window tables"
 BLOCKS_UNACCOUNTED, CACHED_FREE = "unaccounted (BLOCK-1, BLOCK-2)", "cached and free (evictable)"
 """The categories of a shared block pool's blocks (FREE too)."""
-CATEGORIES = (PRIVATE, PROTECTED, EVICTABLE, CALLER, FULL_TABLES, SWA_TABLES, NOT_ATTRIBUTED, UNACCOUNTED,
-              BLOCKS_UNACCOUNTED, CACHED_FREE, FREE)
+WORKING, CHECKPOINT_LOCKED, CHECKPOINT_EVICTABLE = "working states", "checkpoints, locked", "checkpoints, evictable"
+STATE_UNACCOUNTED = "unaccounted (STATE-1)"
+"""The categories of a state pool's slots (FREE too)."""
+CATEGORIES = (PRIVATE, PROTECTED, EVICTABLE, CALLER, FULL_TABLES, SWA_TABLES, WORKING, CHECKPOINT_LOCKED,
+              CHECKPOINT_EVICTABLE, NOT_ATTRIBUTED, UNACCOUNTED, BLOCKS_UNACCOUNTED, STATE_UNACCOUNTED, CACHED_FREE,
+              FREE)
 """Bottom to top, as drawn."""
-COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#dd8452", "#f3c89b", "#8172b3", "#4c72b0", "#55a868", "#9a9a9a",
-                               "#c44e52", "#c44e52", "#f3c89b", "#ececec")))
+COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#dd8452", "#f3c89b", "#8172b3", "#4c72b0", "#55a868", "#4c72b0",
+                               "#dd8452", "#f3c89b", "#9a9a9a", "#c44e52", "#c44e52", "#c44e52", "#f3c89b",
+                               "#ececec")))
 SWA_BLOCKS = "swa blocks"
 """The panel under a shared block pool: its sliding-window blocks against BLOCK-6."""
 FORMATS = (".png", ".svg", ".pdf")
@@ -174,11 +185,25 @@ def engine_occupancy(snapshot: EngineSnapshot, observables: Collection[str] = TW
     swa = pool_pages(allocator.swa.num_pages, allocator.swa.free_count,
                      with_mapping(by_lock(lambda n: n.swa_lock_ref)),
                      lambda sequences: len(held_swa_pages(sequences, allocator.mapping, page_size)), observables)
+    pools = {"full": full, "swa": swa}
+    if isinstance(snapshot, HybridStateSnapshot):
+        pools["state"] = state_slots(snapshot.state)
     if "rows" not in observables:
-        return Occupancy({"full": full, "swa": swa})
+        return Occupancy(pools)
     bounds = [window_bound(r, snapshot.config) for r in snapshot.requests]
-    return Occupancy({"full": full, "swa": swa}, sum(window_span(r, page_size) // page_size for r in snapshot.requests),
+    return Occupancy(pools, sum(window_span(r, page_size) // page_size for r in snapshot.requests),
                      None if None in bounds else sum(bound // page_size for bound in bounds))
+
+
+def state_slots(view: StatePoolView) -> dict[str, int]:
+    """A state pool's slots by holder (module docstring)."""
+    locks = dict(view.locks)
+    slots = {WORKING: sum(len(r.values) for r in view.requests),
+             CHECKPOINT_LOCKED: sum(1 for node_id, _ in view.checkpoints if locks.get(node_id, 0) > 0)}
+    slots[CHECKPOINT_EVICTABLE] = len(view.checkpoints) - slots[CHECKPOINT_LOCKED]
+    slots[STATE_UNACCOUNTED] = max(0, view.num_slots - len(view.free_slots) - sum(slots.values()))
+    slots[FREE] = len(view.free_slots)
+    return slots
 
 
 def block_category(block: Block, kinds: set[str | None], free: bool) -> str:
@@ -258,7 +283,8 @@ class Timeline:
     def panels(self) -> tuple[str, ...]:
         """What `draw` draws, top down (PANELS): each pool, or the shared block pool and its
         sliding-window blocks."""
-        return ("blocks", SWA_BLOCKS) if "blocks" in self.pool_pages else ("full", "swa")
+        pools = ("blocks", SWA_BLOCKS) if "blocks" in self.pool_pages else ("full", "swa")
+        return (*pools, "state") if "state" in self.pool_pages else pools
 
 
 def title(trace: Trace, adapter: Adapter, label: str) -> str:
@@ -278,6 +304,8 @@ def pool_sizes(trace: Trace, adapter: Adapter, driver=None) -> dict[str, int]:
     full, swa = config["size_full"] // config["page_size"], config["size_swa"] // config["page_size"]
     if trace.tier == "allocator":
         return {"full": full, "swa": swa}
+    if config.get("state_slots"):
+        return {"full": full, "swa": swa, "state": config["state_slots"]}
     if driver is None:
         return {"blocks": full + swa} if adapter.model is BLOCK_POOL else {"full": full, "swa": swa}
     if isinstance(driver.previous, BlockPoolSnapshot):
@@ -349,6 +377,7 @@ PANELS = {
     "swa": Panel("swa", "SWA pool, pages", (("window_bound", "window bound (WIN-5, I9)", "black", "-"),
                                             ("window_span", "kept from the cursors", "#1f4e9c", "--"))),
     "blocks": Panel("blocks", "shared block pool, blocks"),
+    "state": Panel("state", "state pool, slots"),
     SWA_BLOCKS: Panel(None, "sliding-window blocks held", (("window_bound", "window bound (BLOCK-6)", "black", "-"),
                                                            ("window_span", "held, summed over requests",
                                                             COLORS[SWA_TABLES], "area"))),
@@ -404,10 +433,11 @@ def plot_pool(axes, timeline: Timeline, pool: str, marks: bool = True) -> None:
 
 def draw(timeline: Timeline, path: str | Path) -> Path:
     """The panels of `timeline` (both pools, or the shared block pool and its sliding-window
-    blocks), top down, to `path` (.png, .svg or .pdf)."""
+    blocks; and a state pool), top down, to `path` (.png, .svg or .pdf)."""
     path = picture_path(path)
     plt = pyplot()
-    figure, panels = plt.subplots(len(timeline.panels), 1, sharex=True, figsize=(9, 5.5), layout="constrained")
+    figure, panels = plt.subplots(len(timeline.panels), 1, sharex=True, figsize=(9, 2.75 * len(timeline.panels)),
+                                  layout="constrained")
     for index, (axes, panel) in enumerate(zip(panels, timeline.panels)):
         plot_pool(axes, timeline, panel, marks=index == 0)
     panels[-1].set_xlabel("step of the trace")

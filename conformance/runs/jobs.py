@@ -18,18 +18,19 @@ from pathlib import Path
 from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.spec.models import with_state
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.checks import StepFailure
+from ..harness.differential import ComparedFailure
 from ..harness.engine_machine import engine_machine
 from ..harness.families import RUNS
 from ..harness.isolation import Journal, Lost
-from ..harness.profiles import profile, shrink_budget
+from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.trace import Trace, load
@@ -52,22 +53,33 @@ def machines(adapter: Adapter, against: str | None = None):
             yield run.label, allocator_machine(adapter.make_allocator, run.page_size, adapter.capabilities,
                                                adapter.observables, shadow=shadow)
         elif run.tier == "engine" and adapter.make_engine is not None:
+            if run.state_grid is not None and ("recurrent_state" not in adapter.capabilities
+                                               or with_state(adapter.model) is None
+                                               or run.page_size > 1 and "paged_recurrent_state" not in adapter.capabilities):
+                continue
             policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
             yield run.label, engine_machine(adapter.make_engine, run.page_size, run.window, policy,
                                             adapter.capabilities, adapter.observables, shadow=shadow,
-                                            model=adapter.model)
+                                            model=adapter.model, state_grid=run.state_grid)
 
 
 def probe(adapter: Adapter) -> None:
     """Build one implementation per tier, so that an adapter that cannot build one, or
-    builds one without the operations of its tier, is an AdapterError (exit 2) before any
-    run starts; and refuse an adapter none of whose runs apply."""
+    builds one without the operations of its tier, is an AdapterError (exit 2) before its
+    run starts; and refuse an adapter none of whose runs apply. A check probes in each
+    worker (check_job), never in the harness's own process: building runs the
+    implementation's code, which may hang or kill its process."""
+    require_page_sizes(adapter)
     page_size = 1 if "page_size_1" in adapter.capabilities else 4
     if adapter.make_allocator is not None:
         adapter.make_allocator(4 * page_size, 4 * page_size, page_size)
     if adapter.make_engine is not None:
         adapter.make_engine(EngineConfig(page_size, 4, 16 * page_size, 16 * page_size, 4,
                                          Policy(adapter.policy_version)))
+
+
+def require_page_sizes(adapter: Adapter) -> None:
+    """Refuse an adapter none of whose runs apply (AdapterError); runs none of its code."""
     if not {"page_size_1", "page_size_gt_1"} & adapter.capabilities:
         raise AdapterError(f"adapter {adapter.name!r} declares neither page_size_1 nor page_size_gt_1, so no run "
                            f"applies; add the page sizes it supports to its capabilities")
@@ -79,8 +91,9 @@ def skipped_runs(adapter: Adapter) -> dict[str, str]:
     for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine)):
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
+    state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
     for capability in ("page_size_1", "page_size_gt_1", "swa_tail", "free_groups", "pd_decode", "chunked_prefill",
-                       "refuses_misuse", "atomic_alloc_decode"):
+                       "refuses_misuse", "atomic_alloc_decode", "recurrent_state", *state):
         if capability not in adapter.capabilities:
             left_out[capability] = f"adapter lacks capability {capability}: its runs or rules do not run"
     return left_out
@@ -123,19 +136,28 @@ def tallies(machine) -> tuple[dict[str, ClassTally], dict[str, str]]:
 
 def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str, bool]:
     """Save a counterexample with the expectations of the reference (or of the adapter
-    it was compared with); whether replaying the saved file reproduces the failure."""
+    it was compared with); whether replaying the saved file on `adapter` (the one whose
+    failure it is) reproduces the failure."""
     try:
         trace = with_expectations(trace, load_adapter(job.differential or "reference"))
     except (StepFailure, AdapterError):
         pass  # the reference cannot run this configuration: the steps alone still replay
     path = trace.save(trace_path(job))
-    reproduced = replay(load(path), adapter).reproduces(trace)
+    try:
+        reproduced = replay(load(path), adapter).reproduces(trace)
+    except Exception:  # noqa: BLE001 - what the replay raised is the failure being saved: it did not reproduce
+        reproduced = False
     return str(path), reproduced
 
 
 def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     """Run one state machine of a check; in a worker process, `journal` is its lifeline."""
     adapter = load_adapter(job.adapter)
+    if journal is not None:
+        journal("building", job.label)  # from here a hang is a step's hang (--step-timeout), not a slow import
+    probe(adapter)
+    if job.differential:
+        probe(load_adapter(job.differential))
     machine = dict(machines(adapter, job.differential))[job.label]
     machine.journal = journal
     if job.seed is not None:
@@ -143,24 +165,25 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     tier = machine.tier
     machine.reset_counters()
     started = time.perf_counter()
-    own_limit = hypothesis_engine.MAX_SHRINKING_SECONDS
+    budget = job.shrink_seconds or shrink_budget(job.profile)
     try:
         chosen = profile(job.profile)
         if not job.shrink:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
         if job.example_database is not None:
             chosen = settings(chosen, database=DirectoryBasedExampleDatabase(job.example_database))
-        # Hypothesis has no public setting for it; its engine reads this module global
-        hypothesis_engine.MAX_SHRINKING_SECONDS = budget = job.shrink_seconds or shrink_budget(job.profile)
-        run_state_machine_as_test(machine, settings=chosen)
+        with shrinking_within(budget):
+            run_state_machine_as_test(machine, settings=chosen)
     except AdapterError:
         raise
     except Exception as error:  # noqa: BLE001 - any failure of the implementation is a verdict
         machine.journal = None
         elapsed = time.perf_counter() - started
         failure = error if isinstance(error, StepFailure) else None
+        # the adapter compared against may fail itself: then the trace is a finding about it
+        failed = job.differential if isinstance(error, ComparedFailure) else None
         trace = machine.counterexample(adapter.name, job.seed, job.label)
-        path, reproduced = save(trace, job, adapter)
+        path, reproduced = save(trace, job, load_adapter(failed) if failed else adapter)
         message = str(error) if failure else f"{type(error).__name__}: {error}"
         if not reproduced:
             message += "\n(replaying the saved trace did not reproduce this failure: the implementation is not deterministic?)"
@@ -171,9 +194,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
                          first_failure_seconds=machine.first_failure_seconds,
                          first_failure_clauses=list(machine.first_failure_clauses),
                          first_failure_step=machine.first_failure_step, picture=picture(job, trace, adapter),
+                         replay_adapter=failed,
                          **shrinking(machine, job.shrink and budget))
-    finally:
-        hypothesis_engine.MAX_SHRINKING_SECONDS = own_limit
     elapsed = time.perf_counter() - started
     busiest = machine.busiest_example(adapter.name, job.seed, job.label)
     return RunResult(job.label, tier, "ok", machine.examples, machine.steps, elapsed, [], "", None, None,
@@ -210,6 +232,9 @@ def lost_check(job: Job, lost: Lost) -> RunResult:
     """The result of a run whose worker crashed or hung: the steps up to that point."""
     tier = "allocator" if job.label.startswith("allocator") else "engine"
     path = steps = None
+    if lost.config is None:  # no example had started: the adapter's module or factory did it
+        lost = replace(lost, reason=f"{lost.reason} before its first step, loading the adapter or building the "
+                                    f"implementation (make_{tier})")
     if lost.config is not None:
         steps = [*lost.steps[:-1], replace(lost.steps[-1], violated=(lost.kind,), message=lost.reason)] \
             if lost.steps else []

@@ -6,9 +6,11 @@ with its step count and SHA-256, so a replay notices a vector that is missing, a
 or not listed. It holds:
 
   * the worked examples of docs/engines/sglang.md (§4.3 chunked prefill, §4.4 decode and
-    finish, §5 PD-decode pre-allocation with and without a cached prefix);
+    finish, §5 PD-decode pre-allocation with and without a cached prefix) and of
+    spec/09-state.md (a hit the state component shortens, copied on write);
   * random request lifecycles from the engine state machine with a fixed seed, per
-    policy version and page size (windows that are and are not page multiples);
+    policy version and page size (windows that are and are not page multiples), and
+    with a recurrent-state pool (spec chapter 09) per state run's configuration;
   * random allocator operation sequences per page size.
 
 Every step carries the observables the spec fixes (OBS-3) as `expect`, and every
@@ -17,20 +19,24 @@ vector ends with `drain` (release everything, evict everything: every page free)
 
 import hashlib
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, TWO_POOL_VERSIONS, Policy
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.engine_machine import engine_machine
+from ..harness.families import STATE_CONFIGS
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import with_expectations
-from ..harness.trace import Trace, TraceError, TraceStep, engine_config_json, trace_files
+from ..harness.trace import Trace, TraceError, TraceStep, engine_config_json, load, read_bounded, trace_files
 
 INDEX = "index.json"
 INDEX_VERSION = 1
@@ -94,25 +100,57 @@ def sampled(machine, count: int, seed: int) -> list[tuple[dict, list[TraceStep]]
     return [example for example in examples if len(example[1]) >= MIN_STEPS][:count]
 
 
+def seeded_traces(tier: str, machine, name: str, description: str, seed: int) -> dict[str, Trace]:
+    """The first EXAMPLES_PER_CONFIG examples of a seeded run of `machine`, as traces
+    `{name}-1`, `{name}-2`, ..."""
+    return {f"{name}-{number}": Trace(tier, config, "reference", tuple(steps), seed, f"{name}-{number}", description)
+            for number, (config, steps) in enumerate(sampled(machine, EXAMPLES_PER_CONFIG, seed), 1)}
+
+
 def random_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
     traces = {}
     for version in TWO_POOL_VERSIONS:
         for page_size, window, interval in ENGINE_CONFIGS:
             if version == DROP_MARGIN and 1 <= window % page_size <= page_size - 2:
                 continue  # drop-margin breaks I10 here by design (spec 05, WIN-6): no conformant vector
-            policy = Policy(version, interval)
-            machine = engine_machine(reference.make_engine, page_size, window, policy)
-            for number, (config, steps) in enumerate(sampled(machine, EXAMPLES_PER_CONFIG, seed), 1):
-                name = f"lifecycle-{version}-P{page_size}-W{window}-I{interval}-{number}"
-                traces[name] = Trace("engine", config, "reference", tuple(steps), seed, name,
-                                     f"random lifecycle, {version}, page size {page_size}, window {window}, "
-                                     f"decode eviction interval {interval}")
+            machine = engine_machine(reference.make_engine, page_size, window, Policy(version, interval))
+            traces.update(seeded_traces("engine", machine, f"lifecycle-{version}-P{page_size}-W{window}-I{interval}",
+                                        f"random lifecycle, {version}, page size {page_size}, window {window}, "
+                                        f"decode eviction interval {interval}", seed))
+    traces.update(state_lifecycles(reference, seed))
     for page_size in ALLOCATOR_PAGE_SIZES:
         machine = allocator_machine(reference.make_allocator, page_size)
-        for number, (config, steps) in enumerate(sampled(machine, EXAMPLES_PER_CONFIG, seed), 1):
-            name = f"allocator-P{page_size}-{number}"
-            traces[name] = Trace("allocator", config, "reference", tuple(steps), seed, name,
-                                 f"random allocator operations, page size {page_size}")
+        traces.update(seeded_traces("allocator", machine, f"allocator-P{page_size}",
+                                    f"random allocator operations, page size {page_size}", seed))
+    return traces
+
+
+def state_walkthrough() -> dict[str, Trace]:
+    """spec/09-state.md's worked example at grid 1 (so that an engine that checkpoints at
+    every token boundary, as SGLang does without its extra buffer, runs it too): a
+    checkpoint, a finish that donates the working state, and a later admission whose
+    full-KV match the state component shortens to a checkpoint, copied on write."""
+    config = engine_config_json(EngineConfig(1, 3, 64, 64, 2, Policy(SGLANG_0_5_23, 4), state_slots=5, state_grid=1))
+    first, second = list(range(1, 11)), [*range(1, 10), 99]
+    steps = (step("admit", rid="r1", prompt=first), step("prefill_chunk", rid="r1", chunk=8, token=0),
+             step("prefill_chunk", rid="r1", chunk=2, token=50), step("decode", rid="r1", token=51),
+             step("finish", rid="r1", trim=0), step("admit", rid="r2", prompt=second),
+             step("prefill_chunk", rid="r2", chunk=2, token=60), step("decode", rid="r2", token=61),
+             step("finish", rid="r2", trim=0), step("drain"))
+    return {"walkthrough-9-state-hit": Trace("engine", config, "reference", steps,
+                                             description="spec/09-state.md, worked example, at grid 1")}
+
+
+def state_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
+    """[STATE-1 .. STATE-9] Random lifecycles of full + SWA + state, one set per
+    configuration of the state runs (families.STATE_CONFIGS)."""
+    traces = {}
+    for page_size, window, interval, grid in STATE_CONFIGS:
+        machine = engine_machine(reference.make_engine, page_size, window, Policy(SGLANG_0_5_23, interval),
+                                 state_grid=grid)
+        traces.update(seeded_traces("engine", machine, f"state-P{page_size}-W{window}-I{interval}-G{grid}",
+                                    f"random lifecycle with recurrent state, page size {page_size}, window "
+                                    f"{window}, decode eviction interval {interval}, checkpoint grid {grid}", seed))
     return traces
 
 
@@ -120,7 +158,7 @@ def write_corpus(out: str | Path, seed: int = SEED, progress=print) -> list[Path
     """Write every vector, with the reference's observables, and the index."""
     out = Path(out)
     reference = load_adapter("reference")
-    vectors = {**walkthroughs(), **random_lifecycles(reference, seed)}
+    vectors = {**walkthroughs(), **state_walkthrough(), **random_lifecycles(reference, seed)}
     written, index = [], []
     for name, trace in vectors.items():
         trace = replace(with_expectations(trace, reference), label=name)
@@ -138,23 +176,64 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def corpus_files(directory: Path) -> list[tuple[Path, int | None]]:
-    """The traces of a directory with their expected step counts, checked against its
-    index when it has one: a listed vector missing or altered, or one not listed, is an
-    error (TraceError)."""
-    files = trace_files(directory)
-    index_path = directory / INDEX
-    if not index_path.exists():
-        return [(path, None) for path in files]
+INDEX_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "index.schema.json").read_text())
+INDEX_VALIDATOR = Draft202012Validator(INDEX_SCHEMA)
+MAX_INDEX = 16 << 20
+"""Most bytes read of an index.json: a vector takes about 130 bytes of it."""
+
+
+def read_index(path: Path) -> dict[str, dict]:
+    """The entries of a corpus index by file name, validated against
+    schemas/index.schema.json (so every name is a plain name inside the directory);
+    TraceError naming what is wrong."""
+    data = read_bounded(path, MAX_INDEX, "index")
     try:
-        index = json.loads(index_path.read_text())
-        listed = {entry["file"]: entry for entry in index["vectors"]}
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise TraceError(f"{index_path}: not a kvspec vector index ({error})") from None
-    problems = [f"{name} is listed but missing" for name in listed if not (directory / name).exists()]
-    problems += [f"{path.name} is not listed in {INDEX}" for path in files if path.name not in listed]
-    problems += [f"{name} was altered (its SHA-256 differs from the index)" for name in listed
-                 if (directory / name).exists() and sha256(directory / name) != listed[name]["sha256"]]
+        index = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                         f"rewrite it with `kvspec vectors --out DIR`") from None
+    except (ValueError, RecursionError) as error:
+        raise TraceError(f"{path}: not JSON ({error}); rewrite it with `kvspec vectors --out DIR`") from None
+    if errors := list(INDEX_VALIDATOR.iter_errors(index)):
+        error = best_match(errors)
+        at = "/".join(str(part) for part in error.absolute_path)
+        raise TraceError(f"{path}: not a kvspec vector index ({INDEX_SCHEMA['$id']}): {at + ': ' if at else ''}"
+                         f"{error.message}; rewrite it with `kvspec vectors --out DIR`")
+    listed: dict[str, dict] = {}
+    for entry in index["vectors"]:
+        if entry["file"] in listed:
+            raise TraceError(f"{path}: {entry['file']} is listed twice; each vector is listed once: "
+                             f"rewrite it with `kvspec vectors --out DIR`")
+        listed[entry["file"]] = entry
+    return listed
+
+
+def corpus(target: Path) -> dict[Path, Trace]:
+    """The traces to replay: a trace file, or every *.jsonl of a directory, each read once
+    (read_bounded: regular files only, at most a bound) and parsed. Where the directory
+    (or the file's own directory) has an index, it must match: a listed vector missing,
+    altered (SHA-256) or of another step count, or one not listed, is an error
+    (TraceError). A file the index does not list, replayed alone, is not checked."""
+    directory = target if target.is_dir() else target.parent
+    files = trace_files(target)
+    listed = read_index(directory / INDEX) if os.path.lexists(directory / INDEX) else None
+    if listed is not None and not target.is_dir():
+        if files[0].name not in listed:
+            listed = None
+        else:
+            listed = {files[0].name: listed[files[0].name]}
+    data = {path: read_bounded(path) for path in files}
+    if listed is None:
+        return {path: load(path, content) for path, content in data.items()}
+    by_name = {path.name: path for path in files}
+    problems = [f"{name} is listed but missing" for name in listed if name not in by_name]
+    problems += [f"{name} is not listed in {INDEX}" for name in by_name if name not in listed]
+    problems += [f"{name} was altered (its SHA-256 differs from the index)" for name, entry in listed.items()
+                 if name in by_name and hashlib.sha256(data[by_name[name]]).hexdigest() != entry["sha256"]]
+    traces = {} if problems else {path: load(path, content) for path, content in data.items()}
+    problems += [f"{path.name} has {len(trace.steps)} steps, the index lists {listed[path.name]['steps']}"
+                 for path, trace in traces.items() if len(trace.steps) != listed[path.name]["steps"]]
     if problems:
-        raise TraceError(f"{directory}: corpus does not match its index: " + "; ".join(problems))
-    return [(path, listed[path.name]["steps"]) for path in files]
+        raise TraceError(f"{directory}: corpus does not match its index: " + "; ".join(problems)
+                         + "; write the corpus again with `kvspec vectors --out DIR`")
+    return traces

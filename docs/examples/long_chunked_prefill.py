@@ -16,10 +16,10 @@ page has anything to release.
 import argparse
 from pathlib import Path
 
-from kvspec.conformance.review.occupancy import plot_pool, pyplot, timeline
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import with_expectations
 from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json
+from kvspec.conformance.review.occupancy import plot_pool, pyplot, timeline
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 

@@ -6,7 +6,7 @@ Notation: W = config.window, P = config.page_size; for a request, e = swa_evicte
 and its dead range is [cpl, max(e, cpl)): SWA KV the request released itself.
 """
 
-from ..notation import Position, Violation
+from ..notation import Position, SlotId, Violation
 from ..pages import ceil_page
 from ..registry import invariant
 from ..snapshot import NodeView, RequestView, Step, TwoPoolSnapshot
@@ -136,6 +136,28 @@ def insert_cursor(before: RequestView, after: RequestView, now: TwoPoolSnapshot)
     return max(start, before.cache_protected_len)
 
 
+def live_swa(snapshot: TwoPoolSnapshot) -> set[tuple[Position, SlotId, SlotId]]:
+    """(position, full slot, SWA slot) of every token of the tree with live SWA."""
+    return {(position, full_slot, swa_slot) for node in non_root_nodes(snapshot) if node.swa_value is not None
+            for (position, full_slot), swa_slot in zip(slot_pairs(node, node.full_value), node.swa_value)}
+
+
+def published_from(live_before: set, path: list[NodeView], end: Position, cursor: Position) -> Position:
+    """[I9] Where the live SWA a chunk published starts, when its cursor was raised to cpl after
+    the insert and read from the tree (insert_cursor): the lowest position in [cursor,
+    end) on the request's `path` that the step made live. A position live before the
+    step with the same full and SWA slots is another holder's (an insert over a live node
+    keeps it), not the chunk's: SGLang 0.5.23's branch insert recovers tombstones above
+    such a node, which the live run then reaches below. `end` when the step made none live."""
+    start = end
+    for node in path:
+        if node.swa_value is not None:
+            for (position, full_slot), swa_slot in zip(slot_pairs(node, node.full_value), node.swa_value):
+                if cursor <= position < start and (position, full_slot, swa_slot) not in live_before:
+                    start = position
+    return start
+
+
 @invariant("I9", "window-bound", reads={"mapping", "rows", "tree"})
 def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
     """[I9] After a prefill chunk (chunk_step) with insert end E = cpl, cursor e and the
@@ -144,7 +166,9 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
     previous cursor, c0) was due and not clamped. And the chunk publishes live SWA on
     [max(e, c0), E) only: there every position of the path is live; a live position in
     [c0, e) must have been live before the step, with the same full and SWA slots (a
-    node another request inserted). e is the insert's cursor (insert_cursor)."""
+    node another request inserted). e is the insert's cursor (insert_cursor); when it
+    was read from the tree, the span counts from where the live SWA the chunk published
+    starts (published_from)."""
     pair = chunk_step(previous, step, now)
     if pair is None:
         return []
@@ -153,15 +177,16 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
     end, cursor, old_protected = after.cache_protected_len, insert_cursor(before, after, now), before.cache_protected_len
     if cursor is None:
         return []
+    live_before, path = live_swa(previous), path_to(node_index(now), after.last_node)
+    published = cursor if after.swa_evicted_seqlen < end else published_from(live_before, path, end, cursor)
     span = eviction_span_bound(retention(config.policy.version, config.window, config.page_size), config.page_size)
     pre_len = after.kv_committed_len - 1  # the chunk's key is the first C tokens
     due = eviction_frontier(pre_len, before.swa_evicted_seqlen, old_protected, config.window, config.page_size,
                             config.policy.version) if pre_len >= 0 else None
-    if end > 0 and (cursor > old_protected or (due is not None and not due.clamped)) and end - cursor > span:
-        found.append(Violation("I9", f"request {after.rid}: the chunk left {end - cursor} live SWA tokens [{cursor}, {end}), more than {span}"))
-    live_before = {(position, full_slot, swa_slot) for node in non_root_nodes(previous) if node.swa_value is not None
-                   for (position, full_slot), swa_slot in zip(slot_pairs(node, node.full_value), node.swa_value)}
-    for node in path_to(node_index(now), after.last_node):
+    if end > 0 and (published > old_protected or (due is not None and not due.clamped)) and end - published > span:
+        found.append(Violation("I9", f"request {after.rid}: the chunk left {end - published} live SWA tokens "
+                                     f"[{published}, {end}), more than {span}"))
+    for node in path:
         for index, (position, full_slot) in enumerate(slot_pairs(node, node.full_value)):
             if not old_protected <= position < end:
                 continue
