@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from .notation import Violation
 
 INVARIANT_CLASSES = ("alignment", "window-liveness", "window-bound", "leak", "mapping", "ownership", "locks", "atomicity",
-                     "state")
-"""`state`: a recurrent state that has not read exactly the tokens its holder claims (chapter 09)."""
+                     "state", "scheduling")
+"""`state`: a recurrent state that has not read exactly the tokens its holder claims (chapter 09).
+`scheduling`: a plan of a scheduler that does what is not due, preempts without need, or
+stalls (chapter 10)."""
 
 REGISTERED: list["Invariant"] = []
 """Every invariant, in the order its module registered it (kvspec.spec.invariants imports

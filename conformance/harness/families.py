@@ -39,22 +39,27 @@ whose refusal fires, and its `crash_message` the text the crash must show."""
 @dataclass(frozen=True)
 class Run:
     """One conformance run, as `kvspec check` makes it: the allocator machine at a page
-    size, or the engine machine at a page size, window and decode eviction interval."""
+    size, the engine machine at a page size, window and decode eviction interval, or
+    the scheduler machine at a page size and window."""
 
     page_size: int
     window: int | None = None
     interval: int | None = None
     state_grid: int | None = None
     """With recurrent state (chapter 09): its checkpoint grid; None: none."""
+    scheduler: bool = False
+    """The scheduler tier (chapter 10): the implementation's own scheduler plans."""
 
     @property
     def tier(self) -> str:
-        return "allocator" if self.window is None else "engine"
+        return "scheduler" if self.scheduler else "allocator" if self.window is None else "engine"
 
     @property
     def label(self) -> str:
         if self.tier == "allocator":
             return f"allocator P={self.page_size}"
+        if self.tier == "scheduler":
+            return f"scheduler P={self.page_size} W={self.window}"
         label = f"P={self.page_size} W={self.window} I={self.interval}"
         return f"engine {label}" if self.state_grid is None else f"engine+state {label} G={self.state_grid}"
 
@@ -71,8 +76,11 @@ STATE_CONFIGS = ((1, 3, 4, 1), (2, 5, 1, 4), (4, 6, 4, 8))
 """The engine tier's runs with recurrent state (page size, window, interval, checkpoint
 grid): every position a boundary (SGLang without its extra buffer needs page size 1),
 and grids of two pages, so that hits and checkpoints fall on and off the grid."""
+SCHEDULER_CONFIGS = ((1, 3), (2, 5), (4, 7), (4, 8), (16, 5))
+"""The scheduler tier's runs (page size, window): W % P == 0, 1..P-2, P-1, and P > W."""
 RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS),
-        *(Run(*config) for config in STATE_CONFIGS))
+        *(Run(*config) for config in STATE_CONFIGS),
+        *(Run(*config, scheduler=True) for config in SCHEDULER_CONFIGS))
 """Every run a check makes (for the tiers and page sizes an adapter has)."""
 
 

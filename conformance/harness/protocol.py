@@ -18,9 +18,12 @@ An adapter is any object (a module, a class, an instance) with these attributes:
                          skipped, never as passed
     make_allocator       (size_full, size_swa, page_size) -> Allocator    allocator tier
     make_engine          (EngineConfig) -> Engine                         engine tier
+    make_scheduler       (SchedulerConfig) -> Scheduler                   scheduler tier
     preload              optional: modules to import once in the forkserver (slow imports)
 
-At least one tier. What the factories build is typed below (`Allocator`, `Engine`).
+At least one tier. What the factories build is typed below (`Allocator`, `Engine`,
+`Scheduler`). At the scheduler tier (spec chapter 10) the implementation's own scheduler
+makes the plans; kvspec only submits requests and returns each forward's result.
 Operations return plain data, an allocation either its slots or
 kvspec.spec.outcomes.OutOfMemory, and raise kvspec.spec.outcomes errors on misuse.
 
@@ -43,6 +46,7 @@ from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.allocator import AllocatorOperation, HybridAllocatorOperations
 from kvspec.spec.lifecycle import EngineOperation, EngineOperations
 from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel
+from kvspec.spec.scheduler import SchedulerConfig, SchedulerOperations
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
 from kvspec.spec.window import POLICY_VERSIONS
 
@@ -80,6 +84,10 @@ class Engine(EngineOperations, Protocol):
         """[OBS-1] Everything observable, as its memory model's snapshot type."""
 
 
+class Scheduler(SchedulerOperations, Protocol):
+    """What `make_scheduler` builds: the operations of spec chapter 10, and what it shows."""
+
+
 def operations(protocol: type) -> tuple[str, ...]:
     """The methods a protocol class requires, its own first, each once."""
     return tuple(dict.fromkeys(name for klass in protocol.__mro__ if klass not in (object, Protocol)
@@ -89,6 +97,7 @@ def operations(protocol: type) -> tuple[str, ...]:
 
 ALLOCATOR_OPERATIONS = operations(Allocator)
 ENGINE_OPERATIONS = operations(Engine)
+SCHEDULER_OPERATIONS = operations(Scheduler)
 PARAMETERS: dict[str, tuple[str, ...]] = {
     operation.value: tuple(inspect.signature(getattr(EngineOperations, operation.value)).parameters)[1:]
     for operation in EngineOperation}
@@ -118,6 +127,7 @@ class Adapter:
     """Modules worker processes import before forking (the implementation's slow imports)."""
     policy_versions: tuple[str, ...] = ()
     """Every policy version it implements (policy_version first)."""
+    make_scheduler: Callable[[SchedulerConfig], Scheduler] | None = None
 
 
 def resolve(spec: str) -> Any:
@@ -180,10 +190,12 @@ def validate(candidate: Any, spec: str) -> Adapter:
                         f"known: {', '.join(model.observables)}")
     make_allocator = getattr(candidate, "make_allocator", None)
     make_engine = getattr(candidate, "make_engine", None)
-    if make_allocator is None and make_engine is None:
-        problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size) "
-                        "and/or make_engine(config)")
-    for factory, label in ((make_allocator, "make_allocator"), (make_engine, "make_engine")):
+    make_scheduler = getattr(candidate, "make_scheduler", None)
+    if make_allocator is None and make_engine is None and make_scheduler is None:
+        problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size), "
+                        "make_engine(config) and/or make_scheduler(config)")
+    for factory, label in ((make_allocator, "make_allocator"), (make_engine, "make_engine"),
+                           (make_scheduler, "make_scheduler")):
         if factory is not None and not callable(factory):
             problems.append(f"{label} must be callable")
     if problems:
@@ -191,7 +203,7 @@ def validate(candidate: Any, spec: str) -> Adapter:
     preload = getattr(candidate, "preload", ())
     preload = (preload,) if isinstance(preload, str) else tuple(preload)
     return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload,
-                   (version, *(v for v in versions if v != version)))
+                   (version, *(v for v in versions if v != version)), make_scheduler)
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:
@@ -225,4 +237,5 @@ def load_adapter(spec: str) -> Adapter:
         return build
 
     return replace(adapter, make_allocator=checked(adapter.make_allocator, ALLOCATOR_OPERATIONS, "allocator"),
-                   make_engine=checked(adapter.make_engine, ENGINE_OPERATIONS, "engine"))
+                   make_engine=checked(adapter.make_engine, ENGINE_OPERATIONS, "engine"),
+                   make_scheduler=checked(adapter.make_scheduler, SCHEDULER_OPERATIONS, "scheduler"))

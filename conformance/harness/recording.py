@@ -41,8 +41,7 @@ class RecordingMachine(RuleBasedStateMachine):
     traffic = 0
     """Pages the current example's steps allocated or freed so far."""
     free_pages: dict[str, int] = {}
-    """The free counts the last step showed (free_full_pages, free_swa_pages; free_blocks)."""
-    """The free (full, SWA) page counts after the current example's last step."""
+    """The free counts the last step showed (free_full_pages, free_swa_pages; free_blocks; free_pages)."""
     busiest: tuple[int, dict[str, Any], list[TraceStep]] = (0, {}, [])
     """The traffic, configuration and steps of the busiest example before the current one."""
     started = 0.0
@@ -70,8 +69,9 @@ class RecordingMachine(RuleBasedStateMachine):
         cls.last_example_started = time.perf_counter()
         cls.keep_if_busiest()
         cls.config, cls.recorded, cls.traffic = config, [], 0
-        cls.free_pages = {"free_full_pages": config["size_full"] // config["page_size"],
-                          "free_swa_pages": config["size_swa"] // config["page_size"]}
+        cls.free_pages = {"free_pages": config["pages"]} if "pages" in config else {  # one pool, or two
+            "free_full_pages": config["size_full"] // config["page_size"],
+            "free_swa_pages": config["size_swa"] // config["page_size"]}
         if cls.journal:
             cls.journal("example", config)
 

@@ -18,6 +18,7 @@ from .allocator_driver import REFUSALS, AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
 from .protocol import Adapter, AdapterError, load_adapter
+from .scheduler_driver import SchedulerDriver
 from .trace import Trace, TraceError
 
 
@@ -72,7 +73,8 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["paged_recurrent_state"] = True
         if any(step.op == "finish" and step.args.get("trim") for step in trace.steps):
             needs["releases_state_at_stop"] = True  # a stop past written outputs (STATE-9)
-    factory = adapter.make_allocator if trace.tier == "allocator" else adapter.make_engine
+    factory = {"allocator": adapter.make_allocator, "engine": adapter.make_engine,
+               "scheduler": adapter.make_scheduler}[trace.tier]
     unmet = [] if factory is not None else [f"the {trace.tier} tier"]
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
     if version not in adapter.policy_versions:  # WIN-1: a version it does not implement, or another model's
@@ -90,6 +92,12 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
         return AllocatorDriver(adapter.make_allocator(config["size_full"], config["size_swa"], config["page_size"]),
                                config["page_size"], observables, log=log,
                                atomic_decode="atomic_alloc_decode" in adapter.capabilities)
+    if trace.tier == "scheduler":
+        if adapter.make_scheduler is None:
+            raise AdapterError(f"adapter {adapter.name!r} has no scheduler tier, but the trace is a scheduler trace")
+        scheduler_config = trace.scheduler_config()
+        return SchedulerDriver(adapter.make_scheduler(scheduler_config), scheduler_config, adapter.model, observables,
+                               log=log)
     if adapter.make_engine is None:
         raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
     engine_config: EngineConfig = trace.engine_config()
@@ -153,10 +161,11 @@ def trace_fault(trace: Trace, index: int, observed: list) -> str | None:
     the spec's same state), cannot apply it either, or must refuse it while the trace
     does not mark it refused, or accepts it while the trace marks it refused."""
     step = trace.steps[index]
-    if trace.tier == "engine" and not step.refuse and (why := unknown_request(trace, index)):
+    if trace.tier != "allocator" and not step.refuse and (why := unknown_request(trace, index)):
         return why
-    if trace.tier == "engine" and model_of_version(trace.config["policy"]["version"]) is not TWO_POOL:
-        return None  # no reference for another memory model: only what the trace itself shows
+    if trace.tier == "scheduler" or (trace.tier == "engine"
+                                     and model_of_version(trace.config["policy"]["version"]) is not TWO_POOL):
+        return None  # no reference for another memory model or tier: only what the trace itself shows
     prefix = replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps[:index + 1]))
     try:
         result = replay(prefix, load_adapter("reference"), compare=False)
@@ -174,9 +183,14 @@ def trace_fault(trace: Trace, index: int, observed: list) -> str | None:
     return None
 
 
+ARRIVALS = ("admit", "pd_admit", "submit")
+"""The steps that bring a request in: the engine tier's admissions, the scheduler tier's submission."""
+
+
 def unknown_request(trace: Trace, index: int) -> str | None:
-    """What the trace alone shows wrong with engine step `index`: a request it never
-    admitted, or one it admits while an earlier admission (recorded as ok) still runs."""
+    """What the trace alone shows wrong with step `index`: a request it never admitted
+    (submitted), or one it admits while an earlier admission (recorded as ok) still
+    runs; at the scheduler tier, one it submits a second time."""
     step = trace.steps[index]
     rid = step.args.get("rid")
     admitted: set[str] = set()
@@ -184,14 +198,16 @@ def unknown_request(trace: Trace, index: int) -> str | None:
     for earlier in trace.steps[:index]:
         if earlier.refuse:
             continue
-        if earlier.op in ("admit", "pd_admit"):
+        if earlier.op in ARRIVALS:
             admitted.add(earlier.args["rid"])
-            if earlier.expect is not None and earlier.expect.get("outcome") == "ok":
+            if earlier.op == "submit" or earlier.expect is not None and earlier.expect.get("outcome") == "ok":
                 running.add(earlier.args["rid"])
         elif earlier.op in ("finish", "abort", "retract"):
             running.discard(earlier.args["rid"])
         elif earlier.op == "drain":
             running.clear()
+    if step.op == "submit" and rid in admitted:
+        return f"request {rid!r} was submitted before; a request id is submitted once"
     if step.op in ("admit", "pd_admit"):
         return f"request {rid!r} is already running (admitted earlier, not released since)" if rid in running else None
     if rid is not None and rid not in admitted:
@@ -203,9 +219,11 @@ def with_expectations(trace: Trace, reference: Adapter) -> Trace:
     """The trace with each step's `expect` set to what the reference shows (OBS-3), up to
     the first step the reference cannot apply or does not conform on. A trace of a
     shared block pool (policy vllm-0.33, spec chapter 08) keeps none: the reference
-    models the two-pool versions, whose observables are not comparable."""
-    if trace.tier == "engine" and model_of_version(trace.engine_config().policy.version) is not TWO_POOL:
-        return trace
+    models the two-pool versions, whose observables are not comparable; nor does a
+    scheduler-tier trace, whose plans are the scheduler's to choose."""
+    if trace.tier == "scheduler" or (trace.tier == "engine"
+                                     and model_of_version(trace.engine_config().policy.version) is not TWO_POOL):
+        return trace  # the spec fixes no plan of a scheduler: nothing to expect
     result = replay(replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps)), reference, compare=False)
     steps = [replace(step, expect=seen) for step, seen in zip(trace.steps, result.observed or [])]
     return replace(trace, steps=(*steps, *trace.steps[len(steps):]))

@@ -26,6 +26,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.allocator import validate_pool_config
+from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy, validate_window_config
 
@@ -50,7 +51,8 @@ def validator(definition: str) -> Draft202012Validator:
 
 
 HEADER = validator("header")
-STEPS = {"allocator": validator("allocator_step"), "engine": validator("engine_step")}
+STEPS = {"allocator": validator("allocator_step"), "engine": validator("engine_step"),
+         "scheduler": validator("scheduler_step")}
 OPERATIONS = {tier: tuple(SCHEMA["$defs"][f"{tier}_args"]) for tier in STEPS}
 
 
@@ -88,7 +90,8 @@ class TraceStep:
 class Trace:
     tier: str
     config: dict[str, Any]
-    """allocator: page_size, size_full, size_swa; engine: the EngineConfig with its policy."""
+    """allocator: page_size, size_full, size_swa; engine: the EngineConfig with its policy;
+    scheduler: the SchedulerConfig."""
     adapter: str
     steps: tuple[TraceStep, ...]
     seed: int | None = None
@@ -104,6 +107,9 @@ class Trace:
     def engine_config(self) -> EngineConfig:
         config = dict(self.config)
         return EngineConfig(**{**config, "policy": Policy(**config["policy"])})
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(**{**self.config, "groups": tuple(self.config["groups"])})
 
     @property
     def violated(self) -> tuple[str, ...]:
@@ -171,7 +177,10 @@ def parse(text: str, source: str = "<trace>") -> Trace:
         parsed.append(TraceStep(step["op"], step["args"], step.get("refuse", False), step.get("expect"),
                                 tuple(step.get("violated", ())), step.get("message")))
     config = header["config"]
-    problems = validate_pool_config(config["size_full"], config["size_swa"], config["page_size"])
+    if tier == "scheduler":
+        problems = validate_scheduler_config(SchedulerConfig(**{**config, "groups": tuple(config["groups"])}))
+    else:
+        problems = validate_pool_config(config["size_full"], config["size_swa"], config["page_size"])
     if tier == "engine":
         problems += validate_window_config(config["window"], config["page_size"], Policy(**config["policy"]))
     if problems:

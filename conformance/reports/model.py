@@ -35,7 +35,7 @@ from kvspec.spec.clauses import CLAUSE_ID
 from kvspec.spec.registry import INVARIANT_CLASSES
 
 REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/1"
-TIERS = ("allocator", "engine")
+TIERS = ("allocator", "engine", "scheduler")
 VERDICTS = ("ok", "violated", "crashed", "hung")
 INTERRUPTS = {"SIGINT": 2, "SIGTERM": 15}
 """The signals that stop a check with a partial report (Ctrl-C, a cancelled CI job)."""
@@ -63,7 +63,7 @@ class RunResult:
     """One state machine run: one tier at one configuration."""
 
     label: str  # e.g. "engine P=4 W=6 I=4"
-    tier: str  # "allocator" | "engine"
+    tier: str  # "allocator" | "engine" | "scheduler"
     verdict: str  # "ok" | "violated" | "crashed" | "hung"
     examples: int
     steps: int  # checked steps
@@ -216,5 +216,6 @@ def verdict_counts(report: CheckReport) -> dict[str, int]:
 
 
 def tier_of(label: str) -> str:
-    """The tier a run's label names ("allocator P=4", "engine P=4 W=6 I=4")."""
-    return "allocator" if label.startswith("allocator") else "engine"
+    """The tier a run's label names ("allocator P=4", "engine P=4 W=6 I=4", "engine+state ...",
+    "scheduler P=4 W=7")."""
+    return label.split(" ", 1)[0].split("+", 1)[0]

@@ -2,7 +2,8 @@
 
 A check is a list of runs, one state machine each: the allocator tier at page sizes 1,
 2, 4 and 16; the engine tier at windows that are and are not page multiples, with
-decode eviction intervals 1, 4 and 128 (see ENGINE_CONFIGS). Each run is a `Job`
+decode eviction intervals 1, 4 and 128 (see ENGINE_CONFIGS); the scheduler tier at such
+windows too (SCHEDULER_CONFIGS). Each run is a `Job`
 (picklable: the adapter is named, not passed) executed by `check_job` in a worker
 process (isolation.py); a failure is shrunk by Hypothesis, then saved as a trace whose
 steps carry the reference's observables as expectations (OBS-3), and replayed from the
@@ -21,6 +22,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.spec.models import with_state
+from kvspec.spec.scheduler import SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
@@ -33,8 +35,9 @@ from ..harness.isolation import Journal, Lost
 from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, load_adapter
 from ..harness.replay import replay, with_expectations
+from ..harness.scheduler_machine import scheduler_machine
 from ..harness.trace import Trace, load
-from ..reports.model import ClassTally, RunResult
+from ..reports.model import ClassTally, RunResult, tier_of
 from ..review.occupancy import draw, timeline
 
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
@@ -61,6 +64,9 @@ def machines(adapter: Adapter, against: str | None = None):
             yield run.label, engine_machine(adapter.make_engine, run.page_size, run.window, policy,
                                             adapter.capabilities, adapter.observables, shadow=shadow,
                                             model=adapter.model, state_grid=run.state_grid)
+        elif run.tier == "scheduler" and adapter.make_scheduler is not None and shadow is None:
+            yield run.label, scheduler_machine(adapter.make_scheduler, run.page_size, run.window, adapter.observables,
+                                               adapter.model)
 
 
 def probe(adapter: Adapter) -> None:
@@ -76,6 +82,8 @@ def probe(adapter: Adapter) -> None:
     if adapter.make_engine is not None:
         adapter.make_engine(EngineConfig(page_size, 4, 16 * page_size, 16 * page_size, 4,
                                          Policy(adapter.policy_version)))
+    if adapter.make_scheduler is not None:
+        adapter.make_scheduler(SchedulerConfig(page_size, 4, 16))
 
 
 def require_page_sizes(adapter: Adapter) -> None:
@@ -88,7 +96,8 @@ def require_page_sizes(adapter: Adapter) -> None:
 def skipped_runs(adapter: Adapter) -> dict[str, str]:
     """Runs a check leaves out, and why: never counted as passed."""
     left_out = {}
-    for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine)):
+    for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine),
+                          ("scheduler", adapter.make_scheduler)):
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
     state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
@@ -230,7 +239,7 @@ def isolated_check(job: Job, journal: Journal):
 
 def lost_check(job: Job, lost: Lost) -> RunResult:
     """The result of a run whose worker crashed or hung: the steps up to that point."""
-    tier = "allocator" if job.label.startswith("allocator") else "engine"
+    tier = tier_of(job.label)
     path = steps = None
     if lost.config is None:  # no example had started: the adapter's module or factory did it
         lost = replace(lost, reason=f"{lost.reason} before its first step, loading the adapter or building the "

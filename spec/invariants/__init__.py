@@ -1,4 +1,4 @@
-"""The invariants of chapters 07, 08 and 09, registered by `@invariant` (kvspec.spec.registry).
+"""The invariants of chapters 07, 08, 09 and 10, registered by `@invariant` (kvspec.spec.registry).
 
 Importing this package imports every module that registers one, in chapter order:
 
@@ -11,23 +11,24 @@ Importing this package imports every module that registers one, in chapter order
   ../block_pool.py [BLOCK-1..8] one shared block pool (chapter 08)
   ../state.py    [STATE-1..9] recurrent state (chapter 09)
   ../block_pool_state.py [STATE-10..14] recurrent state in a shared block pool (chapter 09)
+  ../scheduler.py [SCHED-2..8] the plans of a scheduler (chapter 10)
 
 `INVARIANTS` is the registry, complete; `applicable(snapshot_type)` the invariants that
 read such snapshots; `engine_violations` checks one step of any engine against every
 invariant of its model.
 """
 
-from .. import block_pool, block_pool_state, state  # noqa: F401 - register BLOCK-1..8, STATE-1..14
+from .. import block_pool, block_pool_state, scheduler, state  # noqa: F401 - register BLOCK-1..8, STATE-1..14, SCHED-2..8
 from ..notation import Violation
 from ..registry import REGISTERED, Invariant, violations
 from ..snapshot import EngineSnapshot, Step
 from . import accounting, allocator, atomicity, cursors, tree, window  # noqa: F401 - each registers its invariants
 
-CHAPTER_PREFIXES = ("I", "BLOCK", "STATE")
+CHAPTER_PREFIXES = ("I", "BLOCK", "STATE", "SCHED")
 
 
 def chapter_order(check: Invariant) -> tuple[int, int]:
-    """I1 .. I16, then BLOCK-1 .. BLOCK-8, then STATE-1 .. STATE-9 (ties keep the order of registration)."""
+    """I1 .. I16, then BLOCK-1 .. BLOCK-8, STATE-1 .. STATE-14, SCHED-2 .. SCHED-8 (ties keep the order of registration)."""
     prefix = check.clause.rsplit("-", 1)[0] if "-" in check.clause else "I"
     return CHAPTER_PREFIXES.index(prefix), int(check.clause.rsplit("-", 1)[-1].lstrip("I"))
 

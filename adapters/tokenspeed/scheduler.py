@@ -1,0 +1,133 @@
+"""TokenSpeed's compiled scheduler behind the scheduler tier (spec chapter 10).
+
+kvspec is the executor around it (docs/engines/tokenspeed.md, "For the adapter"): it
+submits requests, asks for each plan, acknowledges every snapshot and restore the plan
+asks for at once (as an executor that copies pages before the forward does), returns
+each forwarded row's result (an empty result for a prefill chunk short of the prompt's
+end, whose result carries no token), and ends requests itself, since TokenSpeed never
+does. What it shows: the pool's counts (`available_lcm_blocks`: empty and evictable
+pages, `active_lcm_blocks`: pages a request holds) and each request's tables as the
+latest plan that forwarded it gave them. TokenSpeed shows no table outside a plan, no
+reference counts and no cache map, so no memory-model snapshot: the checks of chapter 10
+are what binds it.
+
+Window: TokenSpeed's `sliding_window_tokens` counts the current token, so the spec's
+window `W` is built as `W + 1` (as for vLLM).
+"""
+
+from collections.abc import Sequence
+
+from kvspec.spec.block_pool import FULL, SWA
+from kvspec.spec.scheduler import PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView
+
+from . import runtime as ts
+
+PADDING = -1
+"""What pads a table shorter than the longest of its batch."""
+
+
+def group_ids(groups: Sequence[str]) -> list[str]:
+    """TokenSpeed's id of each group: its kind, numbered when a kind repeats."""
+    return [kind if list(groups).count(kind) == 1 else f"{kind}{index}" for index, kind in enumerate(groups)]
+
+
+def build_config(config: SchedulerConfig, retract: bool):
+    """TokenSpeed's configuration for the spec's. With `retract`, a snapshot pool as large
+    as the device lets it retract a request (SnapshotOp) instead of aborting it."""
+    kinds = {FULL: ts.AttnKind.Full, SWA: ts.AttnKind.SlidingWindow}
+    device_pages = config.pages + 1  # and the null page
+    groups = []
+    for gid, kind in zip(group_ids(config.groups), config.groups):
+        window = (config.window + 1,) if kind == SWA else ()
+        groups.append(ts.CacheGroupConfig(gid, config.page_size, device_pages, kinds[kind], *window))
+    built = ts.SchedulerConfig()
+    built.cache_groups = groups
+    built.num_device_pages = device_pages
+    built.max_scheduled_tokens = config.max_scheduled_tokens
+    built.max_batch_size = config.max_batch_size
+    built.prefix_granularity = config.page_size
+    if retract:
+        built.num_snapshot_pages = device_pages
+        built.max_retracted_requests = 8
+    else:
+        built.num_snapshot_pages = 1  # the null page alone: the engine aborts instead of retracting
+    return built
+
+
+def event(*events):
+    bundle = ts.ExecutionEvent()
+    for one in events:
+        bundle.add_event(one)
+    return bundle
+
+
+def request_event(kind, rid: str, tokens: Sequence[int] | None = None):
+    one = kind()
+    one.request_id = rid
+    if tokens is not None:
+        one.tokens = list(tokens)
+    return one
+
+
+class TokenSpeedScheduler:
+    def __init__(self, config: SchedulerConfig, retract: bool = True):
+        self.config = config
+        self.groups = group_ids(config.groups)
+        self.scheduler = ts.Scheduler(build_config(config, retract))
+        self.tables: dict[str, tuple[tuple[int, ...], ...]] = {}
+
+    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
+        spec = ts.RequestSpec()
+        spec.request_id = rid
+        spec.tokens = list(prompt)
+        spec.max_new_tokens = max_new_tokens
+        self.scheduler.submit_requests([spec])
+
+    def plan(self) -> Plan:
+        plan = self.scheduler.next_execution_plan()
+        rows = []
+        for batch in plan.forward:
+            prefixes, inputs = list(batch.extend_prefix_lens), list(batch.input_lengths)
+            for index, rid in enumerate(batch.request_ids):
+                # a prefill row says where it starts; a decode row computes the last known token
+                start = prefixes[index] if index < batch.num_extends() else self.scheduler.request_token_size(rid) - 1
+                tables = tuple(tuple(page for page in batch.block_tables[gid][index] if page != PADDING)
+                               for gid in self.groups)
+                self.tables[rid] = tables
+                rows.append(Row(rid, start, inputs[index], tables))
+        preempted = [Preemption(abort.request_id, Preempted.ABORT) for abort in plan.aborts]
+        resumed, acknowledged = [], []
+        for operation in plan.cache:
+            kind = type(operation).__name__
+            if kind == "SnapshotOp":
+                preempted += [Preemption(rid, Preempted.RETRACT) for rid in dict.fromkeys(operation.request_ids)]
+                acknowledged += [self.done(ts.Cache.SnapshotDoneEvent, op_id) for op_id in operation.op_ids]
+            elif kind == "RestoreOp":
+                resumed += list(dict.fromkeys(operation.request_ids))
+                acknowledged += [self.done(ts.Cache.RestoreDoneEvent, op_id) for op_id in operation.op_ids]
+        for preemption in preempted:  # its device pages are gone (copied aside, or freed)
+            self.tables.pop(preemption.rid, None)
+        if acknowledged:
+            self.scheduler.advance(event(*acknowledged))
+        return Plan(tuple(rows), tuple(preempted), tuple(resumed))
+
+    @staticmethod
+    def done(kind, op_id: int):
+        acknowledgement = kind()
+        acknowledgement.op_id = op_id
+        return acknowledgement
+
+    def result(self, rid: str, token: int | None) -> None:
+        self.scheduler.advance(event(request_event(ts.ForwardEvent.ExtendResult, rid, [] if token is None else [token])))
+
+    def finish(self, rid: str) -> None:
+        self.scheduler.advance(event(request_event(ts.ForwardEvent.Finish, rid)))
+        self.tables.pop(rid, None)
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.advance(event(request_event(ts.ForwardEvent.Abort, rid)))
+        self.tables.pop(rid, None)
+
+    def snapshot(self) -> SchedulerView:
+        pool = PagePool(self.config.pages, self.scheduler.available_lcm_blocks(), self.scheduler.active_lcm_blocks())
+        return SchedulerView(pool, tuple(sorted(self.tables.items())))

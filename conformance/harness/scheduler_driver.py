@@ -1,0 +1,160 @@
+"""The scheduler-tier driver: plays the serving front end and the model around a scheduler
+that makes its own plans, and checks every plan, result and end (spec chapter 10).
+
+A trace step at this tier is what a front end or a model decides, never what the
+scheduler decides, so one trace drives any scheduler:
+
+  submit {rid, prompt, max_new_tokens, outputs}  a request arrives; `outputs` are the tokens
+                                                 the model will return for it, in order; it
+                                                 ends (finish) after the last one
+  step {}                                        one plan; every row it forwards is answered
+                                                 (the next output where the row samples),
+                                                 and a request whose outputs are all
+                                                 returned is finished
+  abort {rid}                                    the client gives up on a request
+  drain {}                                       plans until every request has ended, at most
+                                                 drain_bound of them (SCHED-8)
+
+The driver keeps the ledger (kvspec.spec.scheduler.ScheduledRequest): what it submitted,
+what each forward computed and returned. After every call it checks the tier's
+invariants (SCHED-*) over the ledger, the plan and what the scheduler shows, and, where the
+scheduler shows its memory model's snapshot, that model's invariants over it.
+"""
+
+from typing import Any
+
+from kvspec.spec.models import MemoryModel
+from kvspec.spec.outcomes import Outcome
+from kvspec.spec.scheduler import (Plan, SchedulerConfig, SchedulerSnapshot, SchedulerView, ScheduledRequest,
+                                   after_plan, after_result, drain_bound, progress_violation, samples)
+from kvspec.spec.snapshot import Step
+
+from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally
+from .trace import TraceStep
+
+
+class SchedulerDriver:
+    def __init__(self, scheduler, config: SchedulerConfig, model: MemoryModel | None, observables: frozenset[str],
+                 log=None):
+        self.scheduler = scheduler
+        self.config = config
+        self.model = model
+        self.log = log or (lambda line: None)
+        self.tally = Tally()
+        self.invariants = Checks(SchedulerSnapshot, observables)
+        self.memory_invariants = Checks(model.snapshot_type, observables) if model is not None else None
+        self.ledger: dict[str, ScheduledRequest] = {}
+        self.outputs: dict[str, tuple[int, ...]] = {}
+        """The tokens each request returns, in order (from its submission)."""
+        self.previous = SchedulerSnapshot(config, (), self.view())
+        self.check(Step("build"))
+
+    # -- what the scheduler shows --------------------------------------------------------------
+
+    def view(self) -> SchedulerView:
+        try:
+            view = self.scheduler.snapshot()
+        except Exception as error:
+            raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
+        if not isinstance(view, SchedulerView):
+            raise ImplementationCrash(f"snapshot() returned a {type(view).__name__}, but a scheduler shows a "
+                                      f"SchedulerView (kvspec.spec.scheduler)", ["OBS-1"])
+        if view.memory is not None and (self.model is None or not isinstance(view.memory, self.model.snapshot_type)):
+            expected = self.model.snapshot_type.__name__ if self.model else "no memory snapshot"
+            raise ImplementationCrash(f"snapshot().memory is a {type(view.memory).__name__}, but the adapter's "
+                                      f"memory model shows {expected}", ["OBS-1"])
+        return view
+
+    def check(self, step: Step, plan: Plan | None = None):
+        now = SchedulerSnapshot(self.config, tuple(self.ledger.values()), self.view(), plan)
+        previous, self.previous = self.previous, now
+        found = self.invariants.violations(self.tally, now, previous, step)
+        if self.memory_invariants is not None and now.view.memory is not None:
+            found += self.memory_invariants.violations(self.tally, now.view.memory)
+        if found:
+            raise InvariantViolation.of(found, f"after {step.operation}{f'({step.rid})' if step.rid else ''}:")
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    def call(self, operation: str, *args):
+        self.log(f"{operation}({', '.join(map(repr, args))})")
+        try:
+            return getattr(self.scheduler, operation)(*args)
+        except Exception as error:
+            raise ImplementationCrash(f"{operation}{args} raised {type(error).__name__}: {error}") from error
+
+    def apply(self, step: TraceStep) -> dict[str, Any]:
+        """Apply one step and check every call it makes; return what the scheduler shows
+        (for pictures; the spec fixes no plan, so no trace expects one)."""
+        args = step.args
+        if step.op == "submit":
+            self.submit(args["rid"], args["prompt"], args["max_new_tokens"], args["outputs"])
+        elif step.op == "step":
+            self.plan_once()
+        elif step.op == "abort":
+            self.abort(args["rid"])
+        elif step.op == "drain":
+            self.drain()
+        return observables(self.previous)
+
+    def submit(self, rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int]):
+        if rid in self.ledger or rid in self.outputs:
+            raise StepNotApplicable(f"request {rid!r} was submitted before")
+        self.call("submit", rid, list(prompt), max_new_tokens)
+        self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0)
+        self.outputs[rid] = tuple(outputs)
+        self.check(Step("submit", rid))
+
+    def abort(self, rid: str):
+        if rid not in self.ledger:
+            if rid in self.outputs:  # it ended first: a client's late abort, which nothing needs to answer
+                self.log(f"abort({rid!r}): it has already ended")
+                return
+            raise StepNotApplicable(f"request {rid!r} was never submitted")
+        self.call("abort", rid)
+        del self.ledger[rid]
+        self.check(Step("abort", rid))
+
+    def plan_once(self) -> Plan:
+        """One plan, its rows answered, the requests whose outputs are all returned finished."""
+        plan = self.call("plan")
+        if not isinstance(plan, Plan):
+            raise ImplementationCrash(f"plan() returned a {type(plan).__name__}, not a Plan (kvspec.spec.scheduler)",
+                                      ["OBS-1"])
+        before = self.ledger
+        self.ledger = {request.rid: request for request in after_plan(tuple(before.values()), plan)}
+        self.check(Step("plan"), plan)  # the rows are checked against the ledger before the plan
+        for row in plan.rows:
+            request = self.ledger[row.rid]
+            sampled = samples(request, row)
+            token = self.outputs[row.rid][request.outputs] if sampled else None
+            self.call("result", row.rid, token)
+            self.ledger[row.rid] = after_result(request, row)
+            self.check(Step("result", row.rid))
+        for row in plan.rows:
+            request = self.ledger[row.rid]
+            if request.outputs == len(self.outputs[row.rid]):
+                self.call("finish", row.rid)
+                del self.ledger[row.rid]
+                self.check(Step("finish", row.rid))
+        return plan
+
+    def drain(self):
+        """[SCHED-8] No more arrivals: plan until every request has ended, within drain_bound."""
+        requests = tuple(self.ledger.values())
+        bound = drain_bound(requests, [len(self.outputs[r.rid]) - r.outputs for r in requests],
+                            self.config.max_scheduled_tokens)
+        plans = 0
+        while self.ledger:
+            if plans == bound:
+                raise InvariantViolation.of([progress_violation(plans, bound)],
+                                            f"waiting for {sorted(self.ledger)} to end:")
+            self.plan_once()
+            plans += 1
+
+
+def observables(snapshot: SchedulerSnapshot) -> dict[str, Any]:
+    """What a scheduler showed after a step, as plain data: its free pages and each request's ledger."""
+    return {"outcome": Outcome.OK, "free_pages": snapshot.view.pool.free,
+            "requests": {r.rid: [r.computed, r.outputs, r.status.value] for r in snapshot.requests}}
+
