@@ -10,10 +10,10 @@ operation by operation. Nothing of TokenSpeed is imported until an adapter build
 from functools import partial
 
 
-def make_scheduler(config, retract: bool = True):
+def make_scheduler(config, retract: bool = True, force_retraction_every: int = 0):
     from .scheduler import TokenSpeedScheduler
 
-    return TokenSpeedScheduler(config, retract)
+    return TokenSpeedScheduler(config, retract, force_retraction_every)
 
 
 class TOKENSPEED:

@@ -31,9 +31,11 @@ def group_ids(groups: Sequence[str]) -> list[str]:
     return [kind if list(groups).count(kind) == 1 else f"{kind}{index}" for index, kind in enumerate(groups)]
 
 
-def build_config(config: SchedulerConfig, retract: bool):
+def build_config(config: SchedulerConfig, retract: bool, force_retraction_every: int = 0):
     """TokenSpeed's configuration for the spec's. With `retract`, a snapshot pool as large
-    as the device lets it retract a request (SnapshotOp) instead of aborting it."""
+    as the device lets it retract a request (SnapshotOp) instead of aborting it.
+    `force_retraction_every` N > 0 sets its debugging knob `debug_force_retraction_interval`:
+    a retraction every N plans, needed or not (SCHED-7 catches that)."""
     kinds = {FULL: ts.AttnKind.Full, SWA: ts.AttnKind.SlidingWindow}
     device_pages = config.pages + 1  # and the null page
     groups = []
@@ -49,6 +51,7 @@ def build_config(config: SchedulerConfig, retract: bool):
     if retract:
         built.num_snapshot_pages = device_pages
         built.max_retracted_requests = 8
+        built.debug_force_retraction_interval = force_retraction_every
     else:
         built.num_snapshot_pages = 1  # the null page alone: the engine aborts instead of retracting
     return built
@@ -70,10 +73,10 @@ def request_event(kind, rid: str, tokens: Sequence[int] | None = None):
 
 
 class TokenSpeedScheduler:
-    def __init__(self, config: SchedulerConfig, retract: bool = True):
+    def __init__(self, config: SchedulerConfig, retract: bool = True, force_retraction_every: int = 0):
         self.config = config
         self.groups = group_ids(config.groups)
-        self.scheduler = ts.Scheduler(build_config(config, retract))
+        self.scheduler = ts.Scheduler(build_config(config, retract, force_retraction_every))
         self.tables: dict[str, tuple[tuple[int, ...], ...]] = {}
 
     def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:

@@ -1,0 +1,127 @@
+"""TokenSpeed's compiled scheduler (tokenspeed-scheduler 0.1.42) at the scheduler tier
+(spec chapter 10): the chapter's worked example as TokenSpeed runs it, the check's runs,
+a configuration of the engine that preempts without need caught by SCHED-7 with a trace
+that replays, and the driver's answers to what TokenSpeed asks of an executor.
+
+Skipped when the package is not installed (`pip install --no-deps -r
+adapters/tokenspeed/requirements.txt`), unless KVSPEC_REQUIRE_TOKENSPEED=1."""
+
+import importlib.util
+import os
+import subprocess
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+if (os.environ.get("KVSPEC_REQUIRE_TOKENSPEED") != "1"
+        and importlib.util.find_spec("tokenspeed_scheduler") is None):
+    pytest.skip("tokenspeed-scheduler is not installed: pip install --no-deps -r adapters/tokenspeed/requirements.txt",
+                allow_module_level=True)
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+
+from kvspec.adapters.tokenspeed import TOKENSPEED, make_scheduler  # noqa: E402
+from kvspec.conformance.harness.protocol import load_adapter  # noqa: E402
+from kvspec.conformance.harness.replay import replay  # noqa: E402
+from kvspec.conformance.harness.scheduler_driver import SchedulerDriver  # noqa: E402
+from kvspec.conformance.harness.trace import Trace, TraceStep, load  # noqa: E402
+from kvspec.conformance.runs.jobs import machines  # noqa: E402
+from kvspec.spec.scheduler import SchedulerConfig  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+EXAMPLE = SchedulerConfig(page_size=4, window=7, pages=24, max_batch_size=2, max_scheduled_tokens=8)
+
+
+class FORCED_RETRACTION(TOKENSPEED):
+    """TokenSpeed with its debugging knob `debug_force_retraction_interval = 3`: it retracts
+    a running request every third plan, whether pages are short or not."""
+
+    name = "tokenspeed-forced-retraction"
+    make_scheduler = staticmethod(partial(make_scheduler, force_retraction_every=3))
+
+
+def submit(rid, prompt, limit, outputs):
+    return TraceStep("submit", {"rid": rid, "prompt": prompt, "max_new_tokens": limit, "outputs": outputs})
+
+
+STEP = TraceStep("step")
+
+
+def test_the_worked_example_of_chapter_10_as_tokenspeed_runs_it():
+    """[SCHED-2, SCHED-3, SCHED-4] spec/10-scheduler.md, "Worked example": every row and
+    every count of its table, and the deferred release of a shared page."""
+    driver = SchedulerDriver(make_scheduler(EXAMPLE), EXAMPLE, None, frozenset())
+    a = [1, 2, 3, 4, 5, 6, 7, 8]
+
+    def plan():
+        rows = tuple((row.rid, row.start, row.tokens, row.tables) for row in driver.plan_once().rows)
+        return rows, (driver.previous.view.pool.free, driver.previous.view.pool.held)
+
+    driver.apply(submit("a", a, 8, list(range(9, 17))))
+    first = [plan() for _ in range(4)]
+    driver.apply(submit("b", a + [20, 21, 22], 2, [30, 31]))
+    then = [plan() for _ in range(3)]
+    full, swa = (1, 2, 3, 4), (5, 6, 7)
+    assert first == [((("a", 0, 8, (full, swa)),), (17, 7)), ((("a", 8, 1, (full, swa)),), (17, 7)),
+                     ((("a", 9, 1, (full, swa)),), (17, 7)), ((("a", 10, 1, (full, swa)),), (17, 7))]
+    assert then == [
+        ((("b", 8, 3, ((1, 2, 8, 9), (5, 6, 10, 11))),), (13, 11)),
+        ((("a", 11, 1, (full, swa)), ("b", 11, 1, ((1, 2, 12, 9), (0, 6, 13, 11)))), (17, 7)),
+        ((("a", 12, 1, (full, (0, 6, 7, 14))),), (17, 7)),
+    ]
+    assert [request.rid for request in driver.previous.requests] == ["a"]  # b ended with its second output
+
+
+@pytest.mark.parametrize("label", ["scheduler P=1 W=3", "scheduler P=4 W=7", "scheduler P=16 W=5"])
+@pytest.mark.parametrize("adapter", ["tokenspeed", "tokenspeed-aborts"])
+def test_tokenspeed_passes_the_scheduler_runs(adapter, label):
+    """[SCHED-1 .. SCHED-8] every plan, result and end of random arrivals checked."""
+    machine = dict(machines(load_adapter(adapter)))[label]
+    run_state_machine_as_test(machine, settings=settings(max_examples=25, stateful_step_count=25, deadline=None,
+                                                         suppress_health_check=list(HealthCheck), database=None))
+    assert machine.steps > 100 and machine.tally.checked["scheduling"] > 0
+
+
+def test_a_retraction_without_need_is_caught_and_its_trace_replays(tmp_path):
+    """[SCHED-7] TokenSpeed's forced retraction (a debugging knob) preempts while pages
+    are free: `kvspec check` fails with SCHED-7, saves the trace, and the trace replays."""
+    result = subprocess.run(["kvspec", "check", "--adapter", "test_tokenspeed_adapter:FORCED_RETRACTION", "--run",
+                             "scheduler P=4 W=7", "--seed", "0", "--profile", "quick", "--shrink-seconds", "10"],
+                            capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
+    assert result.returncode == 1 and "[SCHED-7]" in result.stdout, result.stdout + result.stderr
+    (path,) = (tmp_path / "kvspec-traces").glob("*.jsonl")
+    trace = load(path)
+    assert trace.tier == "scheduler" and "SCHED-7" in trace.violated
+    again = replay(trace, load_adapter("test_tokenspeed_adapter:FORCED_RETRACTION"))
+    assert again.reproduces(trace), again.verdict()
+    assert replay(trace, load_adapter("tokenspeed")).conforms  # the engine as shipped does not
+
+
+def test_a_forced_retraction_is_reported_as_a_preemption_and_the_request_resumes():
+    """[SCHED-7] What the adapter makes of a SnapshotOp and its RestoreOp: a retraction in
+    the plan, the request's pages released, then a resumption at its computed tokens."""
+    scheduler = make_scheduler(EXAMPLE, force_retraction_every=3)
+    scheduler.submit("a", [1, 2, 3, 4, 5], 8)
+    preempted, resumed, starts = [], [], []
+    for _ in range(8):
+        plan = scheduler.plan()
+        preempted += [(p.rid, p.how.value) for p in plan.preempted]
+        resumed += list(plan.resumed)
+        for row in plan.rows:
+            starts.append(row.start)
+            scheduler.result(row.rid, 7 if row.start + row.tokens >= 5 else None)
+    assert ("a", "retract") in preempted and "a" in resumed
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)  # resumed where it stopped, nothing again
+
+
+def test_a_trace_of_the_scheduler_tier_is_data_and_replays_on_tokenspeed(tmp_path):
+    """[SCHED-1] A scheduler trace names only arrivals, steps, aborts and the drain."""
+    steps = (submit("a", [1, 2, 3, 4, 5, 6, 7, 8], 3, [9, 10, 11]), STEP, submit("b", [1, 2, 3, 4, 5], 2, [6]),
+             TraceStep("abort", {"rid": "a"}), TraceStep("drain"))
+    config = {"page_size": 4, "window": 7, "pages": 24, "groups": ["full", "swa"], "max_batch_size": 2,
+              "max_scheduled_tokens": 8}
+    path = Trace("scheduler", config, "tokenspeed", steps).save(tmp_path / "t.jsonl")
+    assert replay(load(path), load_adapter("tokenspeed")).conforms
