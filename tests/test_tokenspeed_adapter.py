@@ -117,6 +117,25 @@ def test_a_forced_retraction_is_reported_as_a_preemption_and_the_request_resumes
     assert starts == sorted(starts) and len(set(starts)) == len(starts)  # resumed where it stopped, nothing again
 
 
+def test_the_window_convention_is_declared_and_a_wrong_one_is_caught():
+    """[SCHED-3] TokenSpeed's window counts the current token (W + 1). Declared otherwise,
+    the adapter builds a window one token short, and a row's window loses the first page
+    it reads at the first page boundary."""
+    from kvspec.adapters.tokenspeed.scheduler import WINDOW_COUNTS_CURRENT_TOKEN, TokenSpeedScheduler
+    from kvspec.conformance.harness.checks import InvariantViolation
+
+    assert WINDOW_COUNTS_CURRENT_TOKEN
+    steps = [submit("a", [1, 2, 3, 4, 5, 6, 7, 8], 8, list(range(9, 17))), TraceStep("drain")]
+    right = SchedulerDriver(TokenSpeedScheduler(EXAMPLE), EXAMPLE, None, frozenset())
+    for step in steps:
+        right.apply(step)
+    wrong = SchedulerDriver(TokenSpeedScheduler(EXAMPLE, window_counts_current_token=False), EXAMPLE, None,
+                            frozenset())
+    with pytest.raises(InvariantViolation, match=r"\[SCHED-3\]"):
+        for step in steps:
+            wrong.apply(step)
+
+
 def test_a_trace_of_the_scheduler_tier_is_data_and_replays_on_tokenspeed(tmp_path):
     """[SCHED-1] A scheduler trace names only arrivals, steps, aborts and the drain."""
     steps = (submit("a", [1, 2, 3, 4, 5, 6, 7, 8], 3, [9, 10, 11]), STEP, submit("b", [1, 2, 3, 4, 5], 2, [6]),

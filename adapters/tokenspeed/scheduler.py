@@ -12,7 +12,10 @@ reference counts and no cache map, so no memory-model snapshot: the checks of ch
 are what binds it.
 
 Window: TokenSpeed's `sliding_window_tokens` counts the current token, so the spec's
-window `W` is built as `W + 1` (as for vLLM).
+window `W` is built as `W + 1` (as for vLLM): WINDOW_COUNTS_CURRENT_TOKEN, the adapter's
+declared convention. Declared wrong, the first entry a row's window reads is released
+one plan early at every page boundary, and SCHED-3 says so
+(tests/test_tokenspeed_adapter.py).
 """
 
 from collections.abc import Sequence
@@ -24,6 +27,9 @@ from . import runtime as ts
 
 PADDING = -1
 """What pads a table shorter than the longest of its batch."""
+WINDOW_COUNTS_CURRENT_TOKEN = True
+"""TokenSpeed's `sliding_window_tokens` includes the token being computed (measured:
+docs/engines/tokenspeed.md, section 4)."""
 
 
 def group_ids(groups: Sequence[str]) -> list[str]:
@@ -31,7 +37,8 @@ def group_ids(groups: Sequence[str]) -> list[str]:
     return [kind if list(groups).count(kind) == 1 else f"{kind}{index}" for index, kind in enumerate(groups)]
 
 
-def build_config(config: SchedulerConfig, retract: bool, force_retraction_every: int = 0):
+def build_config(config: SchedulerConfig, retract: bool, force_retraction_every: int = 0,
+                 window_counts_current_token: bool = WINDOW_COUNTS_CURRENT_TOKEN):
     """TokenSpeed's configuration for the spec's. With `retract`, a snapshot pool as large
     as the device lets it retract a request (SnapshotOp) instead of aborting it.
     `force_retraction_every` N > 0 sets its debugging knob `debug_force_retraction_interval`:
@@ -40,7 +47,7 @@ def build_config(config: SchedulerConfig, retract: bool, force_retraction_every:
     device_pages = config.pages + 1  # and the null page
     groups = []
     for gid, kind in zip(group_ids(config.groups), config.groups):
-        window = (config.window + 1,) if kind == SWA else ()
+        window = (config.window + window_counts_current_token,) if kind == SWA else ()
         groups.append(ts.CacheGroupConfig(gid, config.page_size, device_pages, kinds[kind], *window))
     built = ts.SchedulerConfig()
     built.cache_groups = groups
@@ -73,10 +80,12 @@ def request_event(kind, rid: str, tokens: Sequence[int] | None = None):
 
 
 class TokenSpeedScheduler:
-    def __init__(self, config: SchedulerConfig, retract: bool = True, force_retraction_every: int = 0):
+    def __init__(self, config: SchedulerConfig, retract: bool = True, force_retraction_every: int = 0,
+                 window_counts_current_token: bool = WINDOW_COUNTS_CURRENT_TOKEN):
         self.config = config
         self.groups = group_ids(config.groups)
-        self.scheduler = ts.Scheduler(build_config(config, retract, force_retraction_every))
+        self.scheduler = ts.Scheduler(build_config(config, retract, force_retraction_every,
+                                                   window_counts_current_token))
         self.tables: dict[str, tuple[tuple[int, ...], ...]] = {}
 
     def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:

@@ -101,8 +101,11 @@ def skipped_runs(adapter: Adapter) -> dict[str, str]:
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
     state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
-    for capability in ("page_size_1", "page_size_gt_1", "swa_tail", "free_groups", "pd_decode", "chunked_prefill",
-                       "refuses_misuse", "atomic_alloc_decode", "recurrent_state", *state):
+    read_by = {"allocator": ("swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"),
+               "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state)}
+    tiers = [tier for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine))
+             if factory is not None]  # the scheduler tier reads no capability but the page sizes
+    for capability in ("page_size_1", "page_size_gt_1", *(c for tier in tiers for c in read_by[tier])):
         if capability not in adapter.capabilities:
             left_out[capability] = f"adapter lacks capability {capability}: its runs or rules do not run"
     return left_out
