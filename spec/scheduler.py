@@ -136,7 +136,7 @@ class PagePool:
 
 @dataclass(frozen=True)
 class SchedulerView:
-    """[OBS-1] What a scheduler shows of its memory between two calls."""
+    """[OBS-1, SCHED-1] What a scheduler shows of its memory between two calls."""
 
     pool: PagePool
     tables: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
@@ -167,7 +167,7 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    """[OBS-1] What the checks of this tier read after every call: the ledger of every
+    """[OBS-1, SCHED-1] What the checks of this tier read after every call: the ledger of every
     request submitted and not ended, what the scheduler shows, and the plan the call
     made (None after a result, a finish, an abort or a submission)."""
 

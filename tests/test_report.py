@@ -86,7 +86,7 @@ def test_exit_status_is_0_only_when_every_run_is_ok():
 
 @pytest.mark.parametrize("change, complaint", [
     ({"verdict": "failed"}, "use one of"),
-    ({"tier": "scheduler"}, "use one of"),
+    ({"tier": "planner"}, "use one of"),
     ({"clauses": ["I8"]}, "an ok run has no violated clauses"),
     ({"verdict": "violated"}, "names the clause"),
     ({"verdict": "violated", "clauses": ["window"]}, "not a clause id"),
@@ -264,7 +264,7 @@ def test_junit_failure_error_and_skipped_say_what_and_where():
     assert crashed.get("type") == "crashed" and "\\x1b[31mCUDA error\\x1b[0m\\x00" in crashed.text
     skipped = testcases["engine P=16 W=5 I=4"].find("skipped")
     assert skipped.get("message") == (f"every check skipped: {NO_FREE_IDS} (alignment, window-bound, leak, ownership, "
-                                      f"locks, atomicity, state); {NO_TREE} (window-liveness, mapping)")
+                                      f"locks, atomicity, state, scheduling); {NO_TREE} (window-liveness, mapping)")
     passed = testcases["allocator P=16"]
     assert [child.tag for child in passed] == ["system-out"]
     assert f"window-liveness: 0 checked, 0 violated, 1700 skipped ({NO_TREE})" in passed.find("system-out").text
