@@ -22,6 +22,7 @@ def make_scheduler(config, retention="engine"):
 
     return VllmScheduler(config, retention)
 
+
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "recurrent_state",
                 "paged_recurrent_state", "releases_state_at_stop")
 """recurrent_state: a Mamba group (align mode) in the same block pool (spec chapter 09,
