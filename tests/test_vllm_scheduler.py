@@ -188,3 +188,17 @@ def test_a_bug_in_the_window_release_is_caught_by_the_plan_and_the_memory():
         submit(d, "a", [0] * 12, 1)
         d.drain()
     assert {"SCHED-4", "BLOCK-6"} <= set(caught.value.clauses), str(caught.value)
+
+
+@pytest.mark.parametrize("groups", [("full",), ("swa", "full"), ("full", "swa", "swa")])
+def test_any_groups_the_tier_allows_are_built_in_their_order(groups):
+    """[SCHED-1] A configuration of full attention only, or with its groups in another order
+    or repeated, is vLLM's KV cache config with those groups in that order: the row's
+    tables follow them, and two requests drain with every check passing."""
+    d = driver(SchedulerConfig(2, 3, 60, groups=groups, max_batch_size=2, max_scheduled_tokens=8))
+    submit(d, "a", [0, 1, 2] * 4, 5)
+    submit(d, "b", [0, 1, 2] * 3, 5)
+    first = d.plan_once()
+    assert [len(table) for table in first.rows[0].tables] == [4] * len(groups)
+    d.drain()
+    assert d.previous.view.pool.held == 0

@@ -453,7 +453,7 @@ class VllmEngine:
         bs = self.bs
         tables = next((r.tables for r in view.requests if r.rid == rid), ((),) * len(self.groups))
         full = tables[self.groups.index(FULL)]
-        swa = tables[self.groups.index(SWA)]
+        swa = tables[self.groups.index(SWA)] if SWA in self.groups else ()  # (a scheduler of full attention only)
         slots = self.allocation[rid][1]
         row = tuple(full[i // bs] * bs + i % bs for i in range(min(slots, len(full) * bs)))
         released = next((i for i, block in enumerate(swa) if block != NULL_BLOCK), len(swa))
