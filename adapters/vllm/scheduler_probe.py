@@ -3,7 +3,8 @@
 A probe, not an adapter: it shows that the real scheduler (admission, chunked prefill,
 preemption, stops, aborts, prefix hits) can run over the same hybrid block pool the
 `vllm` adapters drive through `KVCacheManager` alone (engine.py), with the caller
-playing the model runner: it chooses every sampled token.
+playing the model runner: it chooses every sampled token. The scheduler-tier adapter
+(scheduler.py) builds its scheduler with `build_scheduler`.
 
 How the scheduler is built without a model:
 
