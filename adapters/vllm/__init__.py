@@ -4,13 +4,24 @@
 uses by default (`prefix_cache_retention_interval = 0`: a sliding-window group caches
 only the blocks a later hit at the prompt's end can use); `VLLM_DENSE` with dense
 retention (`None`, `KVCacheConfig`'s default: every full block is cached). The engine
-tier only: vLLM has no two-pool allocator to drive. Nothing of vLLM is imported until an
-adapter builds something.
+tier only: vLLM has no two-pool allocator to drive.
+
+`VLLM_SCHEDULER` and `VLLM_SCHEDULER_DENSE` put vLLM's own v1 `Scheduler` at the
+scheduler tier (spec chapter 10; scheduler.py), with the same two retentions: its plans
+are checked, and the memory of its KV cache manager as chapter 08 states it. Nothing of
+vLLM is imported until an adapter builds something.
 """
 
 from functools import partial
 
 from .engine import VllmEngine
+
+
+def make_scheduler(config, retention="engine"):
+    from .scheduler import VllmScheduler
+
+    return VllmScheduler(config, retention)
+
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "recurrent_state",
                 "paged_recurrent_state", "releases_state_at_stop")
@@ -45,3 +56,24 @@ class VLLM_REPORT_FULL(VLLM):
 
     name = "vllm-report-full"
     make_engine = staticmethod(partial(VllmEngine, retention=0, report_mode="full"))
+
+
+class VLLM_SCHEDULER:
+    """vLLM 0.33.0's own v1 Scheduler at the scheduler tier, its engine's default
+    prefix-cache retention (CacheConfig's, 0)."""
+
+    name = "vllm-scheduler"
+    policy_version = VLLM.policy_version
+    memory_model = VLLM.memory_model
+    capabilities = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill")
+    observables = VLLM.observables
+    preload = VLLM.preload
+    make_scheduler = staticmethod(make_scheduler)
+
+
+class VLLM_SCHEDULER_DENSE(VLLM_SCHEDULER):
+    """vLLM 0.33.0's own v1 Scheduler with dense prefix-cache retention (None: every
+    full block of the sliding-window group is cached)."""
+
+    name = "vllm-scheduler-dense"
+    make_scheduler = staticmethod(partial(make_scheduler, retention=None))

@@ -19,11 +19,25 @@ from functools import partial
 from pathlib import Path
 
 from kvspec.adapters.divergence import KnownDivergence, main
+from kvspec.conformance.harness.scheduler_machine import scheduler_config_json
 from kvspec.conformance.harness.trace import engine_config_json
+from kvspec.spec.scheduler import SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 
 REPORT_FULL = "kvspec.adapters.vllm:VLLM_REPORT_FULL"
+SCHEDULERS = ("vllm-scheduler", "vllm-scheduler-dense")
+NOT_STEERED = ("nothing: it is vLLM's scheduling loop itself, under every option; a check of the vllm-scheduler "
+               "adapters reports it (SCHED-7) in the runs that meet it")
+
+
+def submit(rid: str, token: int, prompt: int, outputs: int) -> tuple[str, dict]:
+    """A request of `prompt` tokens, all `token` (one token per request: no prefix is shared),
+    that ends after `outputs` outputs, its limit."""
+    return "submit", {"rid": rid, "prompt": [token] * prompt, "max_new_tokens": outputs, "outputs": [token] * outputs}
+
+
+STEP = ("step", {})
 VllmDivergence = partial(KnownDivergence, folder=Path(__file__).parent / "divergences")
 """Upstream paths are vLLM 0.33.0's (vllm/...)."""
 
@@ -44,6 +58,38 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         (("admit", {"rid": "a", "prompt": list(range(12))}), ("prefill_chunk", {"rid": "a", "chunk": 12, "token": 0}),
          ("finish", {"rid": "a", "trim": 0}), ("admit", {"rid": "b", "prompt": list(range(12))})),
         adapters=(REPORT_FULL,), steered_by="the vllm adapters keep vLLM's default kv_cache_report_mode"),
+    VllmDivergence(
+        "VLLM-2", ("SCHED-7",), "a running request that cannot grow preempts itself, though no row needs its pages",
+        "When a running request's allocate_slots fails, vLLM's scheduler preempts the lowest-priority running "
+        "request (FCFS: the last of `running`) and tries again, until the allocation succeeds or the victim is the "
+        "request itself: \"No more request to preempt. Cannot schedule this request.\" The request then gives "
+        "back its blocks, recomputed later from a prefix hit, although no row of the plan uses them: it is the "
+        "last running request, so none is scheduled after it, and a step that preempted admits no waiting "
+        "request. The same plan without the preemption (the request left running, not forwarded) would have "
+        "been as good; its pages serve only later plans. Trace: a and b (4-token prompts, P=4, 6 pages) fill "
+        "4 pages; at their first decode a takes the last 2 free pages, b's allocation fails and b preempts "
+        "itself: 2 pages given back, 2 free after the plan.",
+        "v1/core/sched/scheduler.py:913-981 schedule (the allocate_slots retry loop; the victim is "
+        "self.running.pop(); `if preempted_req == request: break`); :1050 (no waiting request is admitted in a "
+        "step that preempted)",
+        "scheduler", scheduler_config_json(SchedulerConfig(4, 7, 6, max_batch_size=2, max_scheduled_tokens=8)),
+        (submit("a", 0, 4, 3), submit("b", 1, 4, 3), STEP, STEP), adapters=SCHEDULERS, steered_by=NOT_STEERED),
+    VllmDivergence(
+        "VLLM-3", ("SCHED-7",), "a preemption decided before the same step's window releases, which would have "
+        "sufficed",
+        "vLLM releases a request's out-of-window sliding-window blocks only inside its own allocate_slots "
+        "(remove_skipped_blocks, before the capacity check). schedule() allocates for the running requests one "
+        "after another, so when one of them cannot allocate it preempts a victim before the requests after it "
+        "have released theirs; once they do, the plan ends with as many pages free as the victim gave back: "
+        "released first, those blocks would have served the rows without the preemption. Trace (P=2, W=3, 13 "
+        "pages): x (4 tokens), y (5) and z (2) prefill, 1 page free; at the next decode x needs 2 pages and "
+        "preempts z (2 pages), then y's allocation releases its first sliding-window block and needs none: 2 "
+        "pages free after the plan, enough for x without preempting z.",
+        "v1/core/kv_cache_manager.py:556-586 allocate_slots (remove_skipped_blocks for this request only, then the "
+        "capacity check); v1/core/sched/scheduler.py:913-981 schedule (preempts on the first failure)",
+        "scheduler", scheduler_config_json(SchedulerConfig(2, 3, 13, max_batch_size=3, max_scheduled_tokens=12)),
+        (submit("x", 0, 4, 3), submit("y", 1, 5, 3), submit("z", 2, 2, 3), STEP, STEP), adapters=SCHEDULERS,
+        steered_by=NOT_STEERED),
 )
 
 

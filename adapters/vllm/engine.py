@@ -117,18 +117,11 @@ class VllmEngine:
             # vLLM's own sizing of a request's states in align mode (MambaSpec.max_memory_usage_bytes)
             self.state_blocks_per_request = (2 + self.state_spec.num_speculative_blocks
                                              + self.state_spec.num_prefill_checkpoint_blocks)
-        self.manager = v.KVCacheManager(
+        self.watch(v.KVCacheManager(
             v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
                             prefix_cache_retention_interval=retention),
             max_model_len=config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=bs,
-            enable_caching=True, enable_kv_cache_events=True)
-        self.pool = self.manager.block_pool
-        managers = self.manager.coordinator.single_type_managers
-        self.state_manager = next((m for m in managers if isinstance(m, v.MambaManager)), None)
-        self.state_group = None if self.state_manager is None else managers.index(self.state_manager)
-        managers = tuple(m for m in managers if m is not self.state_manager)
-        self.groups = tuple(SWA if isinstance(m, v.SlidingWindowManager) else FULL for m in managers)
-        self.managers = managers
+            enable_caching=True, enable_kv_cache_events=True))
         self.contents: dict[int, StateValue | None] = {}
         """[STATE-11] Block id -> what the state the model last wrote into it has read."""
         self.last_entry: dict[str, int | None] = {}
@@ -146,6 +139,19 @@ class VllmEngine:
         self.decode_steps: dict[str, int] = {}
         self.finished_prefill: set[str] = set()
         self.retracted: dict[str, object] = {}
+
+    def watch(self, manager) -> None:
+        """Read `manager` from now on: its pool, its groups (by kind, a Mamba group apart),
+        and what the views remember between two of them. The scheduler tier reads its
+        scheduler's own manager through this (scheduler.py)."""
+        v = self.v
+        self.manager, self.pool = manager, manager.block_pool
+        managers = manager.coordinator.single_type_managers
+        self.state_manager = next((m for m in managers if isinstance(m, v.MambaManager)), None)
+        self.state_group = None if self.state_manager is None else managers.index(self.state_manager)
+        managers = tuple(m for m in managers if m is not self.state_manager)
+        self.groups = tuple(SWA if isinstance(m, v.SlidingWindowManager) else FULL for m in managers)
+        self.managers = managers
         self.replayed: Counter = Counter()
         """(hash, group) -> times stored less times removed, from the KV events."""
         self.block_views: dict[int, tuple] = {}
@@ -363,9 +369,14 @@ class VllmEngine:
         v = vllm()
         return v.maybe_convert_block_hash(v.get_block_hash(block_hash)), v.get_group_id(block_hash)
 
+    def new_events(self) -> list:
+        """The KV events the manager emitted since the last call: here, the adapter is
+        their only consumer, so it takes them."""
+        return self.manager.take_events()
+
     def replay_events(self) -> None:
         v = self.v
-        for event in self.manager.take_events():
+        for event in self.new_events():
             if isinstance(event, v.AllBlocksCleared):
                 self.replayed.clear()
                 self.touched = None
@@ -442,7 +453,7 @@ class VllmEngine:
         bs = self.bs
         tables = next((r.tables for r in view.requests if r.rid == rid), ((),) * len(self.groups))
         full = tables[self.groups.index(FULL)]
-        swa = tables[self.groups.index(SWA)]
+        swa = tables[self.groups.index(SWA)] if SWA in self.groups else ()  # (a scheduler of full attention only)
         slots = self.allocation[rid][1]
         row = tuple(full[i // bs] * bs + i % bs for i in range(min(slots, len(full) * bs)))
         released = next((i for i, block in enumerate(swa) if block != NULL_BLOCK), len(swa))

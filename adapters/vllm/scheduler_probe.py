@@ -3,7 +3,8 @@
 A probe, not an adapter: it shows that the real scheduler (admission, chunked prefill,
 preemption, stops, aborts, prefix hits) can run over the same hybrid block pool the
 `vllm` adapters drive through `KVCacheManager` alone (engine.py), with the caller
-playing the model runner: it chooses every sampled token.
+playing the model runner: it chooses every sampled token. The scheduler-tier adapter
+(scheduler.py) builds its scheduler with `build_scheduler`.
 
 How the scheduler is built without a model:
 
@@ -43,10 +44,11 @@ What to read on a running scheduler `s` (kv = `s.kv_cache_manager`):
   `update_from_output` hands it over in those stats and starts a new one.
 """
 
+import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import cache
 
 FILLER_TOKEN = 0
@@ -83,26 +85,44 @@ def _register_architecture() -> None:
 
 @cache
 def _model_dir() -> str:
-    """A folder holding only a tiny Llama-shaped `config.json`: all `ModelConfig` needs."""
-    folder = tempfile.mkdtemp(prefix="kvspec-vllm-probe-")
+    """A folder holding only a tiny Llama-shaped `config.json`: all `ModelConfig` needs.
+    One folder per user and content (not one per process: every worker of a check
+    builds schedulers), written by a rename so that processes racing to write it agree."""
     config = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
               "num_hidden_layers": 2, "vocab_size": VOCAB, "max_position_embeddings": 1 << 20,
               "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
-    with open(os.path.join(folder, "config.json"), "w") as file:
-        json.dump(config, file)
+    text = json.dumps(config, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    folder = os.path.join(tempfile.gettempdir(), f"kvspec-vllm-probe-{os.getuid()}-{digest}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        fd, partial = tempfile.mkstemp(dir=folder, suffix=".json")
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(partial, path)
     return folder
 
 
 def build_scheduler(page_size: int, window: int, num_blocks: int, max_num_batched_tokens: int,
-                    max_num_seqs: int, *, mamba: bool = False, max_model_len: int | None = None):
+                    max_num_seqs: int, *, mamba: bool = False, max_model_len: int | None = None,
+                    groups: Sequence[str] = ("full", "swa"), retention: int | None | str = None,
+                    kv_events: bool = False, log_stats: bool = True):
     """vLLM's real `Scheduler` over one pool of `num_blocks` blocks (block 0 the null
-    block), with a full-attention and a sliding-window group (and a Mamba group in
-    align mode if `mamba`), prefix caching and chunked prefill on."""
+    block), with a full-attention and a sliding-window group (or the `groups` named,
+    "full" or "swa" each, in that order; and a Mamba group in align mode if `mamba`),
+    prefix caching and chunked prefill on.
+
+    `retention`: the `KVCacheConfig`'s `prefix_cache_retention_interval`; None (its own
+    default) caches every full block of a sliding-window group, "engine" takes
+    `CacheConfig`'s, as vLLM's memory planner does (0: only the blocks a later hit at a
+    prompt's end can use). `kv_events`: the manager emits KV events (`KVEventsConfig`,
+    `publisher="null"`: the caller reads them)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, KVEventsConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash, resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -125,23 +145,28 @@ def build_scheduler(page_size: int, window: int, num_blocks: int, max_num_batche
                                        enable_chunked_prefill=True, async_scheduling=False)
     cache_config = CacheConfig(block_size=page_size, enable_prefix_caching=True,
                                mamba_cache_mode="align" if mamba else "none")
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
     config = VllmConfig(model_config=model, scheduler_config=scheduler_config, cache_config=cache_config,
-                        device_config=DeviceConfig(device="cpu"))
+                        device_config=DeviceConfig(device="cpu"), kv_events_config=events)
 
     layer = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
-    groups = [KVCacheGroupSpec(["full.0"], FullAttentionSpec(page_size, **layer)),
-              KVCacheGroupSpec(["swa.0"], SlidingWindowSpec(page_size, **layer, sliding_window=window + 1))]
+    specs = {"full": lambda: FullAttentionSpec(page_size, **layer),
+             "swa": lambda: SlidingWindowSpec(page_size, **layer, sliding_window=window + 1)}
+    kv_groups = [KVCacheGroupSpec([f"{kind}.{index}"], specs[kind]()) for index, kind in enumerate(groups)]
     if mamba:
-        groups.append(KVCacheGroupSpec(["mamba.0"], MambaSpec(
+        kv_groups.append(KVCacheGroupSpec(["mamba.0"], MambaSpec(
             block_size=page_size, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")))
-    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    if retention == "engine":
+        retention = config.cache_config.prefix_cache_retention_interval
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_groups,
+                                    prefix_cache_retention_interval=retention)
     config.cache_config.num_gpu_blocks = num_blocks  # what EngineCore sets after profiling
 
     init_none_hash(sha256)  # the seed of the chained block hashes, before any Request
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, config)
     return Scheduler(vllm_config=config, kv_cache_config=kv_cache_config,
                      structured_output_manager=StructuredOutputManager(config),
-                     block_size=block_size, hash_block_size=hash_block_size, log_stats=True)
+                     block_size=block_size, hash_block_size=hash_block_size, log_stats=log_stats)
 
 
 def make_request(scheduler, request_id: str, prompt: Iterable[int], max_tokens: int,
