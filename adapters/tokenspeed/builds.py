@@ -52,6 +52,11 @@ PATCHES = HERE / "patches"
 TOOLCHAIN = HERE / "build-requirements.txt"
 ACTIVE = "KVSPEC_TOKENSPEED_BUILD"
 """Names the activated build's folder for child processes (the forkserver's preload)."""
+CMAKE_DEFINES = ("CMAKE_UNITY_BUILD=ON", "CMAKE_UNITY_BUILD_BATCH_SIZE=11")
+"""Beside the sdist's own CMake settings: the core library's 21 sources share heavy headers
+(spdlog, the STL), so compiling them as two unity batches (one per core of a 2-core
+machine) takes about a third of the CPU time of one object per source (about 90 s
+against 250 s here)."""
 INSTALL_COMMAND = "python -m kvspec.adapters.tokenspeed.builds install"
 MARKER = "kvspec-build.json"
 """Written last into an installed build's folder: what it was built from, and how long it took."""
@@ -101,7 +106,7 @@ def build_name() -> str:
     digest = hashlib.sha256(SDIST_SHA256.encode())
     for patch in patches():
         digest.update(patch.name.encode() + b"\0" + patch.read_bytes())
-    digest.update(TOOLCHAIN.read_bytes() + interpreter().encode())
+    digest.update(TOOLCHAIN.read_bytes() + interpreter().encode() + " ".join(CMAKE_DEFINES).encode())
     return f"{VERSION}-seeded-{digest.hexdigest()[:12]}"
 
 
@@ -250,9 +255,10 @@ def compile_wheel(python: Path, tree: Path, jobs: int, log: Path) -> Path:
     wheels = home() / "wheels" / build_name()
     shutil.rmtree(wheels, ignore_errors=True)
     environment = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)}
-    # the sdist's own build settings (Release, its CMake options), with the pinned toolchain
+    # the sdist's own build settings (Release, its CMake options) with the pinned toolchain, in unity batches
+    defines = [f"--config-settings=cmake.define.{define}" for define in CMAKE_DEFINES]
     run([str(python), "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
-         "-w", str(wheels), str(tree)], log, "compiling the patched scheduler", env=environment)
+         *defines, "-w", str(wheels), str(tree)], log, "compiling the patched scheduler", env=environment)
     wheel, = wheels.glob("tokenspeed_scheduler-*.whl")
     return wheel
 
