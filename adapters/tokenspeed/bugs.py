@@ -67,7 +67,9 @@ BUGS = (
         breaks="A decode step that needs no new page takes the fast path, which consumes reserved tokens in "
                "place and skips the admission that releases expired pages; the page that left the window is "
                "released only at the next step that needs a page. Sliding tables hold one page more than due for "
-               "up to a page's worth of decode steps.",
+               "up to a page's worth of decode steps. (0.1.42 takes the fast path past an expired page only when "
+               "another request shares it, which SCHED-4 allows; the bug takes it for a page the request alone "
+               "holds.)",
         observed="40-token prompt, W = 7, P = 4: the decode rows at p = 43, 47, 51, ... have one leading null "
                  "entry fewer than floor((p - W) / P); no null entry is read (coverage holds).",
         analogy="the missing out-of-window release on one path: kvspec's vLLM mutant no-window-release and "
@@ -126,7 +128,9 @@ BUGS = (
         breaks="An off-by-one in the admission's capacity test: an admission is granted only if it leaves a "
                "page empty, so the last empty page is never handed out. A decode that needs exactly the "
                "pages left stalls while the pool could serve it, and under pressure the scheduler aborts (or "
-               "retracts) a victim while a page is still free.",
+               "retracts) a victim while a page is still free. Within max_new_tokens TokenSpeed preempts only "
+               "in a round that runs nothing, so there the bug mostly delays an admission, which chapter 10's "
+               "checks see rarely (SCHED-7, at the ci profile).",
         observed="Two 20-token requests decoding past max_new_tokens on 24 pages, no snapshot pool: the pinned "
                  "wheel leaves a decode out only when no page is empty and aborts at 0 empty pages; the seeded "
                  "build leaves one out with a page empty and aborts a request with 1 page empty.",
