@@ -66,6 +66,8 @@ class VLLM_SCHEDULER:
     policy_version = VLLM.policy_version
     memory_model = VLLM.memory_model
     capabilities = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill")
+    """Not preempts_only_when_needed: vLLM preempts for a request that then preempts itself,
+    or before the same step's window releases (divergences VLLM-2, VLLM-3, SCHED-7)."""
     observables = VLLM.observables
     preload = VLLM.preload
     make_scheduler = staticmethod(make_scheduler)

@@ -27,8 +27,8 @@ from kvspec.spec.window import VLLM_0_33, Policy
 
 REPORT_FULL = "kvspec.adapters.vllm:VLLM_REPORT_FULL"
 SCHEDULERS = ("vllm-scheduler", "vllm-scheduler-dense")
-NOT_STEERED = ("nothing: it is vLLM's scheduling loop itself, under every option; a check of the vllm-scheduler "
-               "adapters reports it (SCHED-7) in the runs that meet it")
+PRESSURE = ("the capability preempts_only_when_needed, which the vllm-scheduler adapters lack: their scheduler "
+            "runs give every request room of its own, so that no plan preempts (no vLLM option changes the loop)")
 
 
 def submit(rid: str, token: int, prompt: int, outputs: int) -> tuple[str, dict]:
@@ -73,7 +73,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "self.running.pop(); `if preempted_req == request: break`); :1050 (no waiting request is admitted in a "
         "step that preempted)",
         "scheduler", scheduler_config_json(SchedulerConfig(4, 7, 6, max_batch_size=2, max_scheduled_tokens=8)),
-        (submit("a", 0, 4, 3), submit("b", 1, 4, 3), STEP, STEP), adapters=SCHEDULERS, steered_by=NOT_STEERED),
+        (submit("a", 0, 4, 3), submit("b", 1, 4, 3), STEP, STEP), adapters=SCHEDULERS, steered_by=PRESSURE),
     VllmDivergence(
         "VLLM-3", ("SCHED-7",), "a preemption decided before the same step's window releases, which would have "
         "sufficed",
@@ -89,7 +89,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "capacity check); v1/core/sched/scheduler.py:913-981 schedule (preempts on the first failure)",
         "scheduler", scheduler_config_json(SchedulerConfig(2, 3, 13, max_batch_size=3, max_scheduled_tokens=12)),
         (submit("x", 0, 4, 3), submit("y", 1, 5, 3), submit("z", 2, 2, 3), STEP, STEP), adapters=SCHEDULERS,
-        steered_by=NOT_STEERED),
+        steered_by=PRESSURE),
 )
 
 

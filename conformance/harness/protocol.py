@@ -54,7 +54,7 @@ from . import families
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                "paged_recurrent_state", "releases_state_at_stop")
+                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed")
 """recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
 show its memory model's snapshot with state; the runs with state need it, and those at a
 page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
@@ -63,7 +63,10 @@ outputs past it frees the working state, which has read them, instead of keeping
 the checkpoint of the shorter insert (STATE-9); without it the state runs finish without
 such a stop. refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
 atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without them the
-allocator machine does not try the misuse, and calls alloc_decode only with room."""
+allocator machine does not try the misuse, and calls alloc_decode only with room.
+preempts_only_when_needed: at the scheduler tier, a plan preempts a request only when its
+rows need the pages (SCHED-7); without it the scheduler runs give every request room of
+its own, so that no plan preempts (page pressure is then not exercised)."""
 
 
 class Allocator(HybridAllocatorOperations, Protocol):

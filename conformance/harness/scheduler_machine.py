@@ -8,8 +8,9 @@ stems over a tiny token alphabet, so prefix hits happen), with output limits and
 outputs the model will return (fewer than the limit: a stop); the scheduler plans, a
 plan at a time or several; a client aborts a request. The pool always holds any one
 request alone, and a few spare pages more, so several requests press on it and the
-scheduler must stall, preempt or wait; the per-plan token budget is drawn too, so long
-prompts are prefilled in chunks. Every example ends with a drain: no more arrivals,
+scheduler must stall, preempt or wait (with `pressure`; without it the pool holds every
+request that may run at once); the per-plan token budget is drawn too, so long prompts
+are prefilled in chunks. Every example ends with a drain: no more arrivals,
 plans until every request has ended (SCHED-8), and nothing held after (SCHED-6).
 """
 
@@ -38,14 +39,20 @@ def scheduler_config_json(config: SchedulerConfig) -> dict:
 
 
 def scheduler_machine(make_scheduler: Callable, page_size: int, window: int, observables: Iterable[str] = (),
-                      model: MemoryModel | None = None, groups: tuple[str, ...] = (FULL, SWA)
-                      ) -> type[RecordingMachine]:
-    """`model`: the memory model of the snapshot the scheduler shows beside its view, if any."""
+                      model: MemoryModel | None = None, groups: tuple[str, ...] = (FULL, SWA),
+                      pressure: bool = True) -> type[RecordingMachine]:
+    """`model`: the memory model of the snapshot the scheduler shows beside its view, if
+    any. Without `pressure` the pool holds every request that may run at once, so that no
+    plan needs to preempt (for a scheduler that preempts when no plan needs it: SCHED-7)."""
     P, W = page_size, window
     longest_prompt = 2 * W + 4 * P
     most_outputs = W + 2 * P  # enough decode steps to slide past the window
-    alone = len(groups) * pages_for(longest_prompt + most_outputs + 2, P)
-    """Pages one request takes at most, in every group: a pool of this many serves any one alone."""
+    alone = len(groups) * pages_for(longest_prompt + most_outputs + 2, P) + pages_for(W, P) + 2
+    """Pages one request takes at most, in every group, and a window's more: a pool of this
+    many serves any one alone (TokenSpeed's capacity model, `max_single_request_tokens`,
+    keeps a chunk's lookback beside its pages: with a window fewer, its submission refused
+    requests the runs make, measured at P=4 W=7 and P=16 W=5)."""
+    floor = alone if pressure else MAX_REQUESTS * alone
 
     class SchedulerMachine(RecordingMachine):
         tier = "scheduler"
@@ -54,7 +61,7 @@ def scheduler_machine(make_scheduler: Callable, page_size: int, window: int, obs
                     chunk_pages=st.integers(1, pages_for(longest_prompt, P) + 1),
                     stems=st.lists(st.lists(ALPHABET, min_size=P, max_size=longest_prompt), min_size=1, max_size=3))
         def build(self, spare_pages, max_batch_size, chunk_pages, stems):
-            self.config = SchedulerConfig(P, W, alone + spare_pages, groups, max_batch_size,
+            self.config = SchedulerConfig(P, W, floor + spare_pages, groups, max_batch_size,
                                           max(chunk_pages * P, max_batch_size))
             note(f"make_scheduler({self.config})")
             self.start_example(scheduler_config_json(self.config))

@@ -66,7 +66,8 @@ def machines(adapter: Adapter, against: str | None = None):
                                             model=adapter.model, state_grid=run.state_grid)
         elif run.tier == "scheduler" and adapter.make_scheduler is not None and shadow is None:
             yield run.label, scheduler_machine(adapter.make_scheduler, run.page_size, run.window, adapter.observables,
-                                               adapter.model)
+                                               adapter.model,
+                                               pressure="preempts_only_when_needed" in adapter.capabilities)
 
 
 def probe(adapter: Adapter) -> None:
@@ -102,9 +103,10 @@ def skipped_runs(adapter: Adapter) -> dict[str, str]:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
     state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
     read_by = {"allocator": ("swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"),
-               "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state)}
-    tiers = [tier for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine))
-             if factory is not None]  # the scheduler tier reads no capability but the page sizes
+               "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state),
+               "scheduler": ("preempts_only_when_needed",)}
+    tiers = [tier for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine),
+                                        ("scheduler", adapter.make_scheduler)) if factory is not None]
     for capability in ("page_size_1", "page_size_gt_1", *(c for tier in tiers for c in read_by[tier])):
         if capability not in adapter.capabilities:
             left_out[capability] = f"adapter lacks capability {capability}: its runs or rules do not run"
