@@ -119,8 +119,13 @@ class Family:
     seeded: bool = True
     """Members are seeded bugs (the zoo runs them, clause coverage counts them); False for a
     family of real adapters, such as the releases of one engine (`sglang@<release>`)."""
+    installed_at: str = ""
+    """`module:attribute` of a function saying whether the members can run here, for an engine
+    that is no importable module until activated (a build kept in a cache folder)."""
 
     def installed(self) -> bool:
+        if self.installed_at:
+            return load(self.installed_at)()
         return not self.requires or importlib.util.find_spec(self.requires) is not None
 
     def members(self) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def collect(chosen_implementations: tuple[str, ...], only: list[str] | None) -> 
         if family.implementation not in chosen_implementations:
             continue
         if not family.installed():
-            raise AdapterError(f"the {family.implementation} mutants need {family.requires}: {family.install} "
+            raise AdapterError(f"the {family.implementation} mutants need {family.requires or family.shown_as}: "
+                               f"{family.install} "
                                f"(or --implementation reference)")
         chosen += specimens(family)
     if only:
@@ -223,7 +224,8 @@ def installed_implementations(implementation: str, say=print) -> tuple[str, ...]
         if family.installed():
             chosen.append(family.implementation)
         else:
-            say(f"kvspec zoo: {family.requires} is not installed, so its mutants do not run ({family.install})")
+            say(f"kvspec zoo: {family.requires or family.shown_as} is not installed, so its mutants do not run "
+                f"({family.install})")
     return tuple(dict.fromkeys(chosen))
 
 
