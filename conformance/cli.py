@@ -121,7 +121,7 @@ def check(args) -> int:
     adapter = load_adapter(args.adapter)
     require_page_sizes(adapter)  # building an implementation runs its code: each worker does that (probe)
     other = load_adapter(args.differential) if args.differential else None
-    labels = [label for label, _ in machines(adapter)]
+    labels = [label for label, _ in machines(adapter, args.differential)]
     if args.run:
         # each TEXT picks the run it names exactly, else every run whose label contains it
         chosen = [label for label in labels
