@@ -136,7 +136,7 @@ def check(args) -> int:
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
           flush=True)
-    for what, why in skipped_runs(adapter).items():
+    for what, why in skipped_runs(adapter, args.differential).items():
         print(f"  skipped: {what}: {why}")
     started, stamp = time.perf_counter(), utc_now()
     results = {}

@@ -111,9 +111,14 @@ def require_page_sizes(adapter: Adapter) -> None:
                            f"applies; add the page sizes it supports to its capabilities")
 
 
-def skipped_runs(adapter: Adapter) -> dict[str, str]:
-    """Runs a check leaves out, and why: never counted as passed."""
+def skipped_runs(adapter: Adapter, against: str | None = None) -> dict[str, str]:
+    """Runs a check leaves out, and why: never counted as passed. With `against`, also the
+    runs the adapter compared with cannot make (differential mode)."""
     left_out = {}
+    if against:
+        made = {label for label, _ in machines(adapter, against)}
+        for label in (label for label, _ in machines(adapter) if label not in made):
+            left_out[label] = f"{against} cannot make this run to compare with (a version, tier or capability it lacks)"
     for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine)):
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
