@@ -350,7 +350,7 @@ class BlockPoolEngine:
         """[LIFE-2] A request's row as a two-pool engine shows it: the slot of each position
         in its full table, the released window as its SWA cursor; no prefix tree."""
         full = request.table(GROUPS.index(FULL))
-        row = tuple(full[i // self.bs] * self.bs + i % self.bs for i in range(request.slots))
+        row = tuple(full[i // self.bs] * self.bs + i % self.bs for i in range(min(request.slots, len(full) * self.bs)))
         released = null_prefix_length(tuple(request.table(GROUPS.index(SWA))))
         return RequestView(request.rid, row, 0, released * self.bs, request.slots, request.computed,
                            len(request.tokens), request.decode_steps, request.finished_prefill, None)
