@@ -354,8 +354,8 @@ def test_the_reference_adapter_serves_both_memory_models():
     assert shared.model is BLOCK_POOL and "recurrent_state" not in shared.capabilities
     assert "pd_decode" in shared.capabilities and reference.for_version("no-such-version") is None
     labels = [label for label, _ in machines(reference)]
-    assert "engine P=4 W=6 I=4" in labels and "block-pool engine P=4 W=6 I=4" in labels
-    assert not any(label.startswith("block-pool engine+state") for label in labels)
+    assert "engine P=4 W=6 I=4" in labels and "block-pool P=4 W=6 I=4" in labels
+    assert not any(label.startswith("block-pool+state") for label in labels)
     config = EngineConfig(4, 6, 64, 32, 4, Policy(VLLM_0_33))
     driver = EngineDriver(reference.make_engine(config), shared.model, shared.observables)
     assert isinstance(driver.previous, BlockPoolSnapshot)

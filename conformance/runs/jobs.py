@@ -46,8 +46,8 @@ def machines(adapter: Adapter, against: str | None = None):
     is also applied to that adapter and the observables the spec fixes must agree
     (differential mode): then only the runs both can make. An adapter whose policy
     versions are of several memory models gets each model's engine runs, at its first
-    version; those of a model other than its policy_version's are labelled with the
-    model's name ("block-pool engine P=4 W=6 I=4")."""
+    version; those of a model other than its policy_version's are named by the model
+    ("block-pool P=4 W=6 I=4")."""
     shadow = load_adapter(against) if against else None
     made = 0
     for version in adapter.model_versions():
@@ -55,7 +55,8 @@ def machines(adapter: Adapter, against: str | None = None):
         compared = shadow.for_version(version) if shadow else None
         if shadow and compared is None:
             continue
-        prefix = "" if version == adapter.policy_version else f"{implementation.model.name} "
+        # another model's runs are named by it: "block-pool P=4 W=6 I=4" (never matched by --run "engine P=4")
+        renamed = "engine" if version == adapter.policy_version else implementation.model.name
         for run in RUNS:
             if (not applies(implementation, run) or (compared and not applies(compared, run))
                     or run.tier == "allocator" and version != adapter.policy_version):  # one allocator tier
@@ -66,7 +67,7 @@ def machines(adapter: Adapter, against: str | None = None):
                                                    adapter.observables, shadow=compared)
             else:
                 policy = Policy(version, decode_eviction_interval=run.interval)
-                yield prefix + run.label, engine_machine(
+                yield renamed + run.label.removeprefix("engine"), engine_machine(
                     implementation.make_engine, run.page_size, run.window, policy, implementation.capabilities,
                     implementation.observables, shadow=compared, model=implementation.model,
                     state_grid=run.state_grid)
