@@ -7,6 +7,7 @@ reference adapter serving both memory models."""
 from dataclasses import replace
 
 import pytest
+import torch
 from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -41,8 +42,13 @@ from kvspec.spec.window import SGLANG_0_5_23, VLLM_0_33, VLLM_0_33_DENSE, Policy
 PROMPT = [t % 5 for t in range(30)]
 
 
-def engine(version=VLLM_0_33_DENSE, page_size=4, window=7, size_full=128, size_swa=124) -> BlockPoolEngine:
-    return BlockPoolEngine(EngineConfig(page_size, window, size_full, size_swa, 4, Policy(version, 4)))
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+"""The reference's tensors live on any torch device; a GPU is used where there is one."""
+
+
+def engine(version=VLLM_0_33_DENSE, page_size=4, window=7, size_full=128, size_swa=124,
+           device="cpu") -> BlockPoolEngine:
+    return BlockPoolEngine(EngineConfig(page_size, window, size_full, size_swa, 4, Policy(version, 4)), device)
 
 
 class Stepper:
@@ -76,13 +82,14 @@ class Stepper:
 
 # -- the worked example ------------------------------------------------------------------------------
 
-def test_the_scripted_trace_of_docs_vllm_section_7():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_scripted_trace_of_docs_vllm_section_7(device):
     """[BLOCK-4, BLOCK-6, BLOCK-9] docs/engines/vllm.md §7 (block size 4, window 7, 63 real
     blocks, dense retention, chunks of 8), on the reference: the free counts and the
     sliding-window tables vLLM 0.33 shows, step for step (block ids included: the reference
     takes blocks from the free queue in vLLM's order), and B's and C's hits of 28 tokens, C's
-    on blocks A had released."""
-    s = Stepper(engine())
+    on blocks A had released. The same on every torch device."""
+    s = Stepper(engine(device=device))
     s("admit", "A", PROMPT)
     seen = []
     for _ in range(4):
