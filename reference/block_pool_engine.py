@@ -198,7 +198,7 @@ class BlockPoolEngine:
             if request.rid in self.requests:
                 request.processed = processed
             return False
-        if hit_blocks != [[] for _ in GROUPS] or external:
+        if hit or external:  # a new request: its tables start with what it adopts
             for g in range(len(GROUPS)):
                 self.pool.claim(adopted[g])
                 self.set_table(request, g, 0, [NULL_BLOCK] * skipped[g] + adopted[g])
