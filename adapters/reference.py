@@ -1,12 +1,13 @@
-"""The reference model behind the allocator-tier adapter protocol: the same operations,
-with slot tensors turned into lists of ints so the harness never sees torch."""
+"""The reference model behind the adapter protocol: at the allocator tier the two-pool
+allocator's operations, with slot tensors turned into lists of ints so the harness never
+sees torch; at the engine tier the engine of either memory model, by policy version."""
 
 from collections.abc import Sequence
 
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.outcomes import OutOfMemory
-from kvspec.spec.window import TWO_POOL_VERSIONS
+from kvspec.spec.window import BLOCK_POOL_VERSIONS, TWO_POOL_VERSIONS
 
 
 def as_list(result):
@@ -49,36 +50,46 @@ class ReferenceAllocatorAdapter:
 
 
 class ReferenceEngineAdapter:
-    """The reference engine (allocator, prefix tree, request lifecycle) behind the
-    engine-tier adapter protocol: operations take and return plain data."""
+    """The reference engine behind the engine-tier adapter protocol: operations take and
+    return plain data. Its memory model follows from the configuration's policy version:
+    the two-pool engine (allocator, prefix tree, request lifecycle; chapters 01-07) or
+    the shared block pool (chapter 08)."""
 
     name = "reference"
 
     def __init__(self, config, device: str = "cpu"):
+        from kvspec.reference.block_pool_engine import BlockPoolEngine
         from kvspec.reference.engine import Engine
 
-        self.engine = Engine(config, device=device)
+        shared = config.policy.version in BLOCK_POOL_VERSIONS
+        self.engine = (BlockPoolEngine if shared else Engine)(config, device=device)
 
     def snapshot(self):
         return self.engine.snapshot()
 
-    def partial_snapshot(self):
-        return self.engine.partial_snapshot()
-
     def __getattr__(self, operation):
-        if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict"}:
+        # the operations, and a partial snapshot (OBS-4) where the engine shows one (the two-pool engine)
+        if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict",
+                         "partial_snapshot"}:
             return getattr(self.engine, operation)
         raise AttributeError(operation)
 
 
+BLOCK_POOL_CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "pd_decode")
+"""The shared block pool's engines: no recurrent-state group (chapter 09 is modelled on the two-pool engine)."""
+
+
 class ADAPTER:
-    """kvspec's reference model, as an adapter (see kvspec.conformance.harness.protocol)."""
+    """kvspec's reference model, as an adapter (see kvspec.conformance.harness.protocol):
+    both memory models, the two-pool one first."""
 
     name = "reference"
     policy_version = "sglang-0.5.23"
-    policy_versions = TWO_POOL_VERSIONS  # every version of chapters 01-07: kvspec.spec.window decides
+    # every version of chapters 01-07 and of chapter 08: kvspec.spec.window decides
+    policy_versions = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                     "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
                     "paged_recurrent_state", "releases_state_at_stop")
+    version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

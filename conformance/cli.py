@@ -121,7 +121,7 @@ def check(args) -> int:
     adapter = load_adapter(args.adapter)
     require_page_sizes(adapter)  # building an implementation runs its code: each worker does that (probe)
     other = load_adapter(args.differential) if args.differential else None
-    labels = [label for label, _ in machines(adapter)]
+    labels = [label for label, _ in machines(adapter, args.differential)]
     if args.run:
         # each TEXT picks the run it names exactly, else every run whose label contains it
         chosen = [label for label in labels
@@ -136,7 +136,7 @@ def check(args) -> int:
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
           flush=True)
-    for what, why in skipped_runs(adapter).items():
+    for what, why in skipped_runs(adapter, args.differential).items():
         print(f"  skipped: {what}: {why}")
     started, stamp = time.perf_counter(), utc_now()
     results = {}

@@ -1,4 +1,4 @@
-"""One shared block pool [BLOCK-1 .. BLOCK-8]: the KV-cache model of vLLM's v1 manager.
+"""One shared block pool [BLOCK-1 .. BLOCK-10]: the KV-cache model of vLLM's v1 manager.
 
 Where SGLang keeps a full and an SWA pool joined by a mapping, and a radix tree of
 prefixes, vLLM keeps one pool of blocks for every layer group, a positional block table
@@ -10,15 +10,22 @@ vLLM) beside the engine snapshot's request rows, and return the `Violation`s the
 The window follows the spec's convention (chapter 05): a token reads the `window`
 tokens before it. vLLM's `sliding_window` counts the token itself, so an engine built
 with `sliding_window = window + 1` is the spec's `window`.
+
+Besides the predicates, the decisions an engine of this model makes and the spec fixes,
+as plain functions (the reference calls them): which prompt blocks a prefix hit
+covers, which sliding-window blocks are cached (the prefix-cache retention of each
+policy version), and the order in which a release gives blocks back to the free queue.
 """
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .notation import Violation
 from .pages import pages_for
 from .registry import invariant
-from .snapshot import EngineConfig, EngineSnapshot, RequestView, request_lengths
+from .snapshot import EngineConfig, EngineSnapshot, RequestView, Step, request_lengths
+from .window import VLLM_0_33, VLLM_0_33_DENSE
 
 NULL_BLOCK = 0
 """[BLOCK-3] The id of the null block: it stands in a table for a block the request does not hold."""
@@ -184,6 +191,85 @@ def table_references(view: BlockPoolView) -> Counter:
     """[BLOCK-2] How many table entries hold each real block, over every request and group."""
     return Counter(block for request in view.requests for table in request.tables for block in table
                    if block != NULL_BLOCK)
+
+
+PREFIX_CACHE_RETENTION = {VLLM_0_33: 0, VLLM_0_33_DENSE: None}
+"""[BLOCK-9] Which whole sliding-window blocks each policy version caches (vLLM's
+`prefix_cache_retention_interval`): 0, only those a later hit at a prompt's end can
+use (vLLM's engine default); None, every one. The full-attention group caches every
+whole block under both."""
+
+
+def swa_hit_run(window: int, block_size: int) -> int:
+    """[BLOCK-9] How many cached sliding-window blocks a prefix hit must end with: those
+    that hold the `window` tokens before the hit's end, `cdiv(window, block_size)` (vLLM:
+    `cdiv(sliding_window - 1, block_size)`).
+
+    pre: window >= 1 and block_size >= 1
+    post: __return__ * block_size >= window
+    post: (__return__ - 1) * block_size < window
+    """
+    return pages_for(window, block_size)
+
+
+def prefix_hit_blocks(full_cached: Sequence[bool], swa_cached: Sequence[bool], run: int, limit: int) -> int:
+    """[BLOCK-9] How many whole blocks of a prompt a prefix hit covers, given whether the
+    full-attention and the sliding-window group cache each of its blocks (a key for the
+    prompt's chained hash and the group): the full group's leading run of cached blocks, at
+    most `limit`; within it, the last end before which the sliding-window group caches
+    `run` blocks (`swa_hit_run`: what the window reads; the blocks before them are not
+    needed), or, where no end has that many, the sliding-window group's own leading run
+    (a hit shorter than the window).
+
+    pre: run >= 1 and limit >= 0 and len(full_cached) == len(swa_cached)
+    post: 0 <= __return__ <= min(limit, len(full_cached))
+    post: all(full_cached[:__return__])
+    post: all(swa_cached[max(0, __return__ - run):__return__])
+    """
+    full = 0
+    while full < min(limit, len(full_cached)) and full_cached[full]:
+        full += 1
+    for end in range(full, run - 1, -1):
+        if all(swa_cached[end - run:end]):
+            return end
+    leading = 0
+    while leading < full and swa_cached[leading]:
+        leading += 1
+    return leading
+
+
+def swa_block_cached(index: int, window: int, block_size: int, retention: int | None,
+                     boundaries: Sequence[int]) -> bool:
+    """[BLOCK-9] Whether the sliding-window group caches the block at table entry `index`
+    once it is whole: under dense retention (None) every block; under retention 0 only the
+    `swa_hit_run` blocks that end at one of the request's `boundaries` floored to a block:
+    where a request that resends its prompt resumes (the hit stops one token short of the
+    prompt: `prompt length - 1`), and where its own hit stopped short of the full group's
+    (vLLM's `shared_prefix_boundary`: the full group caches a longer shared prefix there).
+
+    pre: index >= 0 and window >= 1 and block_size >= 1 and retention in (None, 0)
+    """
+    if retention is None:
+        return True
+    run = swa_hit_run(window, block_size)
+    return any(boundary // block_size - run <= index < boundary // block_size for boundary in boundaries)
+
+
+def release_order(before: Sequence[Sequence[int]], after: Sequence[Sequence[int]]) -> list[int]:
+    """[BLOCK-10] The real blocks a request's tables give up from `before` to `after` (`()`
+    for a request released), in the order the pool takes them back: group by group, each
+    table's from its last entry back, so the block of the longest prefix comes first and is
+    evicted first (a chained key is useless once a block before it is gone).
+
+    post: len(__return__) <= sum(len(table) for table in before)
+    """
+    released = []
+    for group, table in enumerate(before):
+        kept = after[group] if group < len(after) else ()
+        for index in range(len(table) - 1, -1, -1):
+            if table[index] != NULL_BLOCK and (index >= len(kept) or kept[index] != table[index]):
+                released.append(table[index])
+    return released
 
 
 # -- the predicates -------------------------------------------------------------------------
@@ -384,3 +470,114 @@ def event_replay_violations(now: BlockPoolSnapshot) -> list[Violation]:
     shown = ", ".join(f"({h:#x}, group {g}): events {replayed.get((h, g), 0)}, map {mapped.get((h, g), 0)}"
                       for h, g in differ[:4])
     return [Violation("BLOCK-8", f"replaying the KV events does not give the map: {len(differ)} keys differ; {shown}")]
+
+
+@invariant("BLOCK-9", "mapping")
+def uncached_full_block_violations(now: BlockPoolSnapshot) -> list[Violation]:
+    """[BLOCK-9] The full-attention group caches every whole block a request has slots
+    for: the first `floor(slots / block_size)` entries of a full table carry a key, so a
+    later request with the same prefix can hit them."""
+    view = now.block_pool
+    found = []
+    for request in view.requests:
+        for group, table in enumerate(request.tables):
+            if view.groups[group] != FULL:
+                continue
+            whole = min(len(table), request.slots // view.block_size)
+            if uncached := [block for block in table[:whole] if view.blocks[block].block_hash is None]:
+                found.append(Violation("BLOCK-9", f"request {request.rid}: whole blocks {uncached} of its {FULL} "
+                                                  f"table ({request.slots} slots) are not cached: {list(table)}"))
+    return found
+
+
+@invariant("BLOCK-9", "mapping", reads={"rows"})
+def prefix_hit_violations(previous: BlockPoolSnapshot, step: Step | None, now: BlockPoolSnapshot) -> list[Violation]:
+    """[BLOCK-9] An admission adopts a prefix hit of whole blocks, shorter than the
+    request's tokens (the last one is always computed, for its logits: LIFE-3), and only
+    blocks cached for their group: each real entry of the hit carries a key."""
+    if step is None or step.operation != "admit" or step.outcome != "ok":
+        return []
+    view = now.block_pool
+    row = next((r for r in now.requests if r.rid == step.rid), None)
+    if row is None:
+        return []
+    found = []
+    hit = row.kv_committed_len
+    if hit % view.block_size or hit >= row.seq_len:
+        found.append(Violation("BLOCK-9", f"request {row.rid} is admitted with a hit of {hit} tokens: not whole "
+                                          f"blocks of {view.block_size}, or not short of its {row.seq_len} tokens"))
+    for request in view.requests:
+        if request.rid != row.rid:
+            continue
+        for group, table in enumerate(request.tables):
+            adopted = [block for block in table[:hit // view.block_size] if block != NULL_BLOCK]
+            if uncached := [block for block in adopted if view.blocks[block].block_hash is None]:
+                found.append(Violation("BLOCK-9", f"request {row.rid}: its hit adopts blocks {uncached} of group "
+                                                  f"{group} that are not cached: {list(table)}"))
+    return found
+
+
+def tables_of(view: BlockPoolView) -> dict[str, tuple[tuple[int, ...], ...]]:
+    return {request.rid: request.tables for request in view.requests}
+
+
+@invariant("BLOCK-10", "mapping")
+def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
+                              now: BlockPoolSnapshot) -> list[Violation]:
+    """[BLOCK-10] From one view of the free queue to the next: the blocks free in both keep
+    their order; an allocation took its new blocks from the head; a release put the blocks
+    it freed without a key before every block that was free, and those with a key after
+    every one, in `release_order`; an eviction dropped the keys of each group's least
+    recently used cached free blocks. Which uncached blocks stand at the head, and in what
+    order, is open. (A partial view shows free blocks by id, not in queue order: not read.)"""
+    before, after = previous.block_pool, now.block_pool
+    if isinstance(before.blocks, PartialBlocks) or isinstance(after.blocks, PartialBlocks):
+        return []
+    found = []
+    position = {block: index for index, block in enumerate(before.free_queue)}
+    still = [block for block in after.free_queue if block in position]
+    if still != sorted(still, key=position.__getitem__):
+        found.append(Violation("BLOCK-10", f"blocks free before and after the step changed their order in the free "
+                                           f"queue: {[b for b in before.free_queue if b in set(still)]} became {still}"))
+    old_at = [index for index, block in enumerate(after.free_queue) if block in position]
+    for index, block in enumerate(after.free_queue):
+        if block in position:
+            continue
+        cached = after.blocks[block].block_hash is not None
+        if cached and old_at and index < old_at[-1]:
+            found.append(Violation("BLOCK-10", f"block {block} was freed with a key but stands before block "
+                                               f"{after.free_queue[old_at[-1]]}, which was free already: a cached "
+                                               f"block goes to the tail, after every free block"))
+        elif not cached and old_at and index > old_at[0]:
+            found.append(Violation("BLOCK-10", f"block {block} was freed without a key but stands after block "
+                                               f"{after.free_queue[old_at[0]]}, which was free already: an uncached "
+                                               f"block goes to the head, before every free block"))
+    current = tables_of(after)
+    released = [block for rid, tables in sorted(tables_of(before).items())
+                for block in release_order(tables, current.get(rid, ()))]
+    rank = {block: index for index, block in enumerate(released)}
+    freed = [block for block in after.free_queue
+             if block not in position and block in rank and after.blocks[block].block_hash is not None]
+    if freed != sorted(freed, key=rank.__getitem__):
+        found.append(Violation("BLOCK-10", f"the cached blocks a release freed are queued as {freed}, not in release "
+                                           f"order {[b for b in released if b in set(freed)]} (each table from its "
+                                           f"last entry back)"))
+    free_now = set(after.free_queue)
+    first_kept = next((index for index, block in enumerate(before.free_queue) if block in free_now), len(position))
+    for index, block in enumerate(before.free_queue):
+        key = before.blocks[block].block_hash
+        hit = key is not None and after.blocks[block].block_hash == key
+        if block not in free_now and not hit and index > first_kept:
+            found.append(Violation("BLOCK-10", f"block {block} was taken for new KV from position {index} of the free "
+                                               f"queue, behind block {before.free_queue[first_kept]}, which is still "
+                                               f"free: an allocation takes the queue's head"))
+    for group in range(len(after.groups)):
+        cached = [block for block in before.free_queue if block in free_now
+                  and (before.blocks[block].block_hash or (None, None))[1] == group]
+        dropped = [after.blocks[block].block_hash is None for block in cached]
+        if dropped != sorted(dropped, reverse=True):
+            found.append(Violation("BLOCK-10", f"an eviction dropped the keys of group {group}'s cached free blocks "
+                                               f"{[b for b, d in zip(cached, dropped) if d]} but kept those of "
+                                               f"{[b for b, d in zip(cached, dropped) if not d]}, some of them less "
+                                               f"recently used: {cached}"))
+    return found

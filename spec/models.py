@@ -19,7 +19,7 @@ from .block_pool_state import BlockPoolStateSnapshot, block_pool_state_drained_v
 from .notation import Violation
 from .snapshot import EngineSnapshot, TwoPoolSnapshot, two_pool_drained_violations, two_pool_observables
 from .state import HybridStateSnapshot, state_drained_violations, state_observables
-from .window import TWO_POOL_VERSIONS, VLLM_0_33
+from .window import BLOCK_POOL_VERSIONS, TWO_POOL_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ TWO_POOL = MemoryModel(
 free_sets: the free page ids; mapping: the full->SWA mapping; rows: request rows and
 cursors; tree: the prefix tree with locks and ledgers."""
 BLOCK_POOL = MemoryModel(
-    "block-pool", "chapter 08", BlockPoolSnapshot, ("block_pool", "rows"), (VLLM_0_33,), block_pool_observables,
+    "block-pool", "chapter 08", BlockPoolSnapshot, ("block_pool", "rows"), BLOCK_POOL_VERSIONS, block_pool_observables,
     drained_violations)
 """One block pool shared by every layer group. block_pool: the pool, tables, cache map
 and events; rows: the requests' rows and cursors."""
@@ -57,7 +57,7 @@ the tree (full + SWA + state). Its snapshot always shows the state pool (what ea
 has read, the checkpoints' locks and ledgers), so its observables are the two-pool ones."""
 
 BLOCK_POOL_STATE = MemoryModel(
-    "block-pool-state", "chapters 08 and 09", BlockPoolStateSnapshot, BLOCK_POOL.observables, (VLLM_0_33,),
+    "block-pool-state", "chapters 08 and 09", BlockPoolStateSnapshot, BLOCK_POOL.observables, BLOCK_POOL_VERSIONS,
     block_pool_state_observables, block_pool_state_drained_violations)
 """One block pool shared by the attention groups and a recurrent-state group (STATE-10..14).
 Its snapshot always shows the state group, so its observables are the block-pool ones."""

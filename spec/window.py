@@ -25,8 +25,14 @@ MAX_WINDOW_PAGE = "max-window-page"
 TWO_POOL_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, MAX_WINDOW_PAGE)
 """The versions of the two-pool model (chapters 01-07), the reference's."""
 VLLM_0_33 = "vllm-0.33"
-"""One shared block pool (chapter 08): retention W, released at every allocation."""
-POLICY_VERSIONS = (*TWO_POOL_VERSIONS, VLLM_0_33)
+"""One shared block pool (chapter 08): retention W, released at every allocation; the
+sliding-window group caches only the blocks a hit at a prompt's end can use (vLLM's
+engine default, prefix-cache retention 0)."""
+VLLM_0_33_DENSE = "vllm-0.33-dense"
+"""The same, with every whole sliding-window block cached (prefix-cache retention None)."""
+BLOCK_POOL_VERSIONS = (VLLM_0_33, VLLM_0_33_DENSE)
+"""The versions of the shared block pool (chapter 08)."""
+POLICY_VERSIONS = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
 
 
 @dataclass(frozen=True)

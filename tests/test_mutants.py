@@ -30,11 +30,14 @@ CONTROL_EXAMPLES = 12
 
 
 def machine_for(adapter, run: Run):
+    """`adapter` loaded (protocol.Adapter), as its engines of its policy_version are: a
+    mutant of the shared block pool (mutants/block_pool.py) is of that model."""
     if run.tier == "allocator":
         machine = allocator_machine(adapter.make_allocator, run.page_size)
     else:
         policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
-        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, state_grid=run.state_grid)
+        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, adapter.capabilities,
+                                 adapter.observables, model=adapter.model, state_grid=run.state_grid)
     # the seed goes on the machine class: run_state_machine_as_test reads it there
     return seed(SEED)(machine)
 
@@ -54,7 +57,7 @@ def failure_clauses(error: BaseException) -> set[str]:
 def test_mutant_is_caught_for_its_clause(slug):
     mutant = MUTANTS[slug]
     with pytest.raises(Exception) as info:
-        run_state_machine_as_test(machine_for(mutant, mutant.exposed_by), settings=SETTINGS)
+        run_state_machine_as_test(machine_for(load_adapter(mutant.name), mutant.exposed_by), settings=SETTINGS)
     text = failure_text(info.value)
     # a crash showing the declared message: the only manifestation of a CRASH mutant, or
     # the same bug's other one (the step fails before any invariant looks)
@@ -66,11 +69,14 @@ def test_mutant_is_caught_for_its_clause(slug):
             f"{mutant.name} was caught, but not for {mutant.clause}:\n{text}"
 
 
-@pytest.mark.parametrize("run", sorted({mutant.exposed_by for mutant in MUTANTS.values()}, key=lambda run: run.label),
-                         ids=lambda run: run.label)
-def test_the_reference_passes_the_runs_that_catch_mutants(run):
+@pytest.mark.parametrize("version, run", sorted({(mutant.policy_version, mutant.exposed_by) for mutant in MUTANTS.values()},
+                                                 key=lambda pair: (pair[0], pair[1].label)),
+                         ids=lambda value: value if isinstance(value, str) else value.label)
+def test_the_reference_passes_the_runs_that_catch_mutants(version, run):
     # the control: at the same seed, the examples that catch a mutant pass on the reference
-    run_state_machine_as_test(machine_for(ADAPTER, run), settings=settings(SETTINGS, max_examples=CONTROL_EXAMPLES))
+    # (its engines of the mutant's version: two-pool or shared block pool)
+    run_state_machine_as_test(machine_for(load_adapter(ADAPTER.name).for_version(version), run),
+                              settings=settings(SETTINGS, max_examples=CONTROL_EXAMPLES))
 
 
 @pytest.mark.parametrize("slug", sorted(MUTANTS))

@@ -29,7 +29,7 @@ def test_every_clause_has_a_check_and_a_test_and_every_cited_id_is_a_clause(proj
 
 def test_the_coverage_reads_every_kind_of_citation(project):
     kinds = {c.kind for c in project.citations}
-    assert kinds == {"check", "test", "mutant", "divergence"}
+    assert kinds == {"reference", "check", "test", "mutant", "divergence"}
     assert {c.name for c in project.of("I9", "check")} == {"engine decode_window_bound_violations",
                                                          "engine chunk_window_bound_violations"}
     assert "mutant-no-chunk-release" in {c.name for c in project.of("I9", "mutant")}

@@ -13,10 +13,11 @@ attribute of this package, for `--adapter kvspec.adapters.mutants:NAME`.
 
 The bugs are grouped by where they live: seeding.py says how a bug is seeded; window.py
 (window eviction), release.py (the request lifecycle), allocator.py (the two pools and
-the mapping), tree.py (the prefix tree), one module each.
+the mapping), tree.py (the prefix tree), state.py (recurrent state), one module each;
+block_pool.py seeds the shared block pool of chapter 08 (a mutant per BLOCK clause).
 """
 
-from . import allocator, release, state, tree, window  # noqa: F401 - importing a module registers its mutants
+from . import allocator, block_pool, release, state, tree, window  # noqa: F401 - importing a module registers its mutants
 from .seeding import MUTANTS, Mutant
 
 __all__ = ["MUTANTS", "Mutant"]

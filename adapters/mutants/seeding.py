@@ -17,6 +17,7 @@ from kvspec.conformance.harness.families import Run, check_declaration
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
+from kvspec.spec.window import TWO_POOL_VERSIONS
 
 # -- how a bug is seeded --------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ class Mutant:
 
     name: str
     policy_version = ADAPTER.policy_version
-    policy_versions = ADAPTER.policy_versions
+    policy_versions = TWO_POOL_VERSIONS  # a bug of the two-pool engine (block_pool.py: the shared pool's)
     capabilities = ADAPTER.capabilities
     make_allocator = None
     make_engine = None

@@ -44,9 +44,10 @@ class VLLM:
 
 
 class VLLM_DENSE(VLLM):
-    """vLLM 0.33.0 with dense prefix-cache retention (None)."""
+    """vLLM 0.33.0 with dense prefix-cache retention (None): policy vllm-0.33-dense (BLOCK-9)."""
 
     name = "vllm-dense"
+    policy_version = "vllm-0.33-dense"
     make_engine = staticmethod(partial(VllmEngine, retention=None))
 
 

@@ -1,8 +1,13 @@
 """Every known place where real vLLM 0.33.0 differs from kvspec's spec
 (kvspec.adapters.divergence: what an entry is). `tests/test_vllm_divergences.py`
 replays every trace (`divergences/<id>.jsonl`) on every adapter it names and requires
-the divergence to still reproduce. The reference takes no vLLM trace (it models the
-two-pool versions), so the traces carry no expectations (OBS-3).
+the divergence to still reproduce. Each trace carries the reference's expectations (OBS-3:
+its shared block pool, chapter 08), up to the diverging step.
+
+`kvspec check --adapter vllm --differential reference --profile ci` (CI runs it) compares
+vLLM with the reference step for step: it finds no difference. The one it found while the
+reference's block pool was built, the vLLM adapter dropping the scheduler's
+`shared_prefix_boundary`, was an adapter bug, fixed (tests/test_vllm_differential.py).
 
 Not a divergence, although it looks like one: an `allocate_slots` that returns None
 (OutOfMemory) has already released the request's out-of-window sliding-window blocks

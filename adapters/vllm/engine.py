@@ -67,7 +67,7 @@ from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView
 from kvspec.spec.state import StateValue, advance_state, state_digest
-from kvspec.spec.window import VLLM_0_33, validate_window_config
+from kvspec.spec.window import BLOCK_POOL_VERSIONS, VLLM_0_33, VLLM_0_33_DENSE, validate_window_config
 
 from .runtime import vllm
 
@@ -90,8 +90,9 @@ MAX_TOKENS = 1 << 30
 class VllmEngine:
     def __init__(self, config: EngineConfig, retention: int | None, report_mode: str | None = None):
         problems = validate_window_config(config.window, config.page_size, config.policy)
-        if config.policy.version != VLLM_0_33:
-            problems.append(f"vLLM 0.33.0 implements policy {VLLM_0_33!r}, not {config.policy.version!r}")
+        if config.policy.version not in BLOCK_POOL_VERSIONS:  # its retention is the adapter's (VLLM, VLLM_DENSE)
+            problems.append(f"vLLM 0.33.0 implements policy {VLLM_0_33!r} (or {VLLM_0_33_DENSE!r}, with dense "
+                            f"prefix-cache retention), not {config.policy.version!r}")
         for name in ("size_full", "size_swa"):
             if getattr(config, name) < 0 or getattr(config, name) % max(config.page_size, 1):
                 problems.append(f"{name} must be a non-negative multiple of the page size (got {getattr(config, name)})")
@@ -271,7 +272,9 @@ class VllmEngine:
             req = self.retracted[rid]
         else:
             req = v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
-        hit_blocks, hit, _ = self.manager.get_computed_blocks(req)
+        # the scheduler keeps the junction where a group cached more than the hit: sparse
+        # retention caches the window's tail there too (Scheduler.schedule, shared_prefix_boundary)
+        hit_blocks, hit, req.shared_prefix_boundary = self.manager.get_computed_blocks(req)
         if hit and not self.allocate(rid, req, 0, hit, hit_blocks):
             self.manager.free(req)  # it leaves the waiting queue, as an aborted waiting request
             return self.out_of_memory(pages_for(hit, self.bs))

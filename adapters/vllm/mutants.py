@@ -319,6 +319,37 @@ class NO_REMOVED_EVENT(VllmMutant, slug="no-removed-event"):
     exposed_by = Run(page_size=4, window=6, interval=4)
 
 
+# -- prefix hits and the eviction order ----------------------------------------------------------
+
+
+class HIT_COVERS_THE_LAST_TOKEN(VllmMutant, slug="hit-covers-the-last-token", base=VLLM_DENSE):
+    """The prefix lookup is capped at `num_tokens`, not `num_tokens - 1`: a prompt cached to
+    its last token hits whole, and the request has no token left to compute for the logits
+    of its first output (vLLM's own NOTE in `get_computed_blocks`). Caught at the admission
+    of a block-aligned prompt cached whole: a hit as long as the request (BLOCK-9); run on,
+    the next `allocate_slots` with no new token raises vLLM's ValueError."""
+
+    patch = Patch("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
+                  "            max_cache_hit_length = request.num_tokens - 1\n",
+                  "            max_cache_hit_length = request.num_tokens\n")
+    clause, invariant_class = "BLOCK-9", "mapping"
+    exposed_by = Run(page_size=1, window=3, interval=4)
+
+
+class RELEASE_HEAD_FIRST(VllmMutant, slug="release-head-first"):
+    """`free(request)` hands a group's blocks to the pool in table order, not reversed: the
+    block of the request's shortest prefix goes to the free queue first and is evicted
+    first, which makes every longer cached prefix of the request unreachable with it (a
+    chained key is useless without the blocks before it). Caught at the release of two or
+    more cached blocks (BLOCK-10: not in release order)."""
+
+    patch = Patch(MANAGERS, "SingleTypeKVCacheManager.free",
+                  "        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))\n",
+                  "        self.block_pool.free_blocks(self.pop_blocks_for_free(request_id))\n")
+    clause, invariant_class = "BLOCK-10", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+
+
 # -- recurrent state (STATE-10 .. STATE-14) ----------------------------------------------------
 
 

@@ -7,15 +7,21 @@ An adapter is any object (a module, a class, an instance) with these attributes:
     policy_version       the spec policy version it implements (kvspec.spec.window)
     policy_versions      optional: every policy version it implements, policy_version among
                          them (default: policy_version alone); a trace of another version
-                         is skipped by a replay, and reported as skipped
-    memory_model         optional: the name of its memory model (kvspec.spec.models.MODELS;
-                         default "two-pool"); its snapshots are that model's type and only
-                         that model's invariants apply
+                         is skipped by a replay, and reported as skipped. The versions may
+                         be of several memory models: an engine built for a version is of
+                         that version's model (kvspec.spec.models.model_of_version), and a
+                         check runs each model's runs, at its first version listed
+    memory_model         optional: the name of the memory model of its policy_version
+                         (kvspec.spec.models.MODELS; default "two-pool"); its snapshots are
+                         that model's type and only that model's invariants apply
     capabilities         a collection of CAPABILITIES it has; rules that need one it
                          lacks do not run, and the report says so
+    version_capabilities optional: {policy version: capabilities} for the versions whose
+                         engines have other capabilities than `capabilities`
     observables          optional: which of its model's observables its snapshots fill
                          in (default: all); checks that read one it lacks are reported as
-                         skipped, never as passed
+                         skipped, never as passed (an engine of another of its models
+                         shows all of that model's)
     make_allocator       (size_full, size_swa, page_size) -> Allocator    allocator tier
     make_engine          (EngineConfig) -> Engine                         engine tier
     make_scheduler       (SchedulerConfig) -> Scheduler                   scheduler tier
@@ -45,7 +51,7 @@ from typing import Any, Protocol
 from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.allocator import AllocatorOperation, HybridAllocatorOperations
 from kvspec.spec.lifecycle import EngineOperation, EngineOperations
-from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel
+from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, SchedulerOperations
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
 from kvspec.spec.window import POLICY_VERSIONS
@@ -131,6 +137,28 @@ class Adapter:
     policy_versions: tuple[str, ...] = ()
     """Every policy version it implements (policy_version first)."""
     make_scheduler: Callable[[SchedulerConfig], Scheduler] | None = None
+    version_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
+    """(version, capabilities) of the versions whose engines have other capabilities."""
+
+    def model_versions(self) -> tuple[str, ...]:
+        """The first version of each memory model it implements, policy_version first: a
+        check runs each model's runs at it."""
+        firsts: dict[str, str] = {}
+        for version in self.policy_versions or (self.policy_version,):
+            firsts.setdefault(model_of_version(version).name, version)
+        return tuple(firsts.values())
+
+    def for_version(self, version: str) -> "Adapter | None":
+        """The adapter as its engines of `version` are (that version's model, its
+        capabilities and observables); None for a version it does not implement."""
+        if version == self.policy_version:
+            return self
+        if version not in self.policy_versions:
+            return None
+        model = model_of_version(version)
+        return replace(self, policy_version=version, model=model,
+                       capabilities=dict(self.version_capabilities).get(version, self.capabilities),
+                       observables=self.observables if model is self.model else frozenset(model.observables))
 
 
 def resolve(spec: str) -> Any:
@@ -180,13 +208,18 @@ def validate(candidate: Any, spec: str) -> Adapter:
     versions = (versions,) if isinstance(versions, str) else tuple(versions)
     if version not in versions:
         problems.append(f"policy_versions {versions} must include its policy_version {version!r}")
-    if stray := [v for v in versions if v not in model.policy_versions]:
-        problems.append(f"policy_versions {stray} are not versions of the {model.name} model "
-                        f"({', '.join(model.policy_versions)})")
+    if stray := [v for v in versions if v not in POLICY_VERSIONS]:
+        problems.append(f"policy_versions {stray} are no policy versions; choose from {', '.join(POLICY_VERSIONS)}")
     capabilities = frozenset(getattr(candidate, "capabilities", ()))
     unknown = sorted(capabilities - set(CAPABILITIES))
     if unknown:
         problems.append(f"unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
+    version_capabilities = {v: frozenset(c) for v, c in dict(getattr(candidate, "version_capabilities", {})).items()}
+    if stray := sorted(set(version_capabilities) - (set(versions) - {version})):
+        problems.append(f"version_capabilities names {stray}: only its other policy_versions may have other "
+                        f"capabilities (those of {version!r} are `capabilities`)")
+    if unknown := sorted(set().union(*version_capabilities.values()) - set(CAPABILITIES)):
+        problems.append(f"unknown capabilities {unknown} in version_capabilities; known: {', '.join(CAPABILITIES)}")
     observables = frozenset(getattr(candidate, "observables", model.observables))
     if unknown := sorted(observables - set(model.observables)):
         problems.append(f"unknown observables {unknown} for the {model.name} model; "
@@ -206,7 +239,8 @@ def validate(candidate: Any, spec: str) -> Adapter:
     preload = getattr(candidate, "preload", ())
     preload = (preload,) if isinstance(preload, str) else tuple(preload)
     return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload,
-                   (version, *(v for v in versions if v != version)), make_scheduler)
+                   (version, *(v for v in versions if v != version)), make_scheduler,
+                   tuple(version_capabilities.items()))
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

@@ -10,7 +10,7 @@ which is then the finding) or when a later step cannot be applied.
 
 from dataclasses import dataclass, replace
 
-from kvspec.spec.models import TWO_POOL, model_for, model_of_version
+from kvspec.spec.models import model_for
 from kvspec.spec.outcomes import InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
 
@@ -79,7 +79,8 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
     if version not in adapter.policy_versions:  # WIN-1: a version it does not implement, or another model's
         unmet.append(f"policy version {version} (it implements {', '.join(adapter.policy_versions)})")
-    return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in adapter.capabilities]
+    capabilities = (adapter.for_version(version) or adapter).capabilities
+    return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in capabilities]
 
 
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
@@ -101,7 +102,9 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
     if adapter.make_engine is None:
         raise AdapterError(f"adapter {adapter.name!r} has no engine tier, but the trace is an engine trace")
     engine_config: EngineConfig = trace.engine_config()
-    return EngineDriver(adapter.make_engine(engine_config), model_for(adapter.model, engine_config), observables, log=log)
+    engines = adapter.for_version(engine_config.policy.version) or adapter  # its engines of the trace's model
+    return EngineDriver(adapter.make_engine(engine_config), model_for(engines.model, engine_config),
+                        engines.observables, log=log)
 
 
 def mismatch(expected: dict, observed: dict) -> str | None:
@@ -154,7 +157,7 @@ def trace_fault(trace: Trace, index: int, observed: list) -> str | None:
     """[LIFE-1] Why step `index` of the trace is itself at fault, or None when the
     failure there is the implementation's. A trace may name a request it never admitted,
     or (from the outcomes its `expect` records) admit one still running, whatever the
-    model. Of a two-pool trace the reference decides the rest (the spec's lifecycle
+    model. Of a trace of a version the reference implements, it decides the rest (the spec's lifecycle
     state: a prefill still going on, a trim beyond a request's own tokens, a sequence
     the allocator tier never made): the step is at fault when the reference, which
     showed what the implementation showed at every step before (OBS-3, so both stood in
@@ -163,12 +166,14 @@ def trace_fault(trace: Trace, index: int, observed: list) -> str | None:
     step = trace.steps[index]
     if trace.tier != "allocator" and not step.refuse and (why := unknown_request(trace, index)):
         return why
-    if trace.tier == "scheduler" or (trace.tier == "engine"
-                                     and model_of_version(trace.config["policy"]["version"]) is not TWO_POOL):
-        return None  # no reference for another memory model or tier: only what the trace itself shows
-    prefix = replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps[:index + 1]))
+    if trace.tier == "scheduler":
+        return None  # no reference for the plans of a scheduler: only what the trace itself shows
     try:
-        result = replay(prefix, load_adapter("reference"), compare=False)
+        reference = load_adapter("reference")
+        if trace.tier == "engine" and reference.for_version(trace.config["policy"]["version"]) is None:
+            return None  # no reference for this version: only what the trace itself shows
+        prefix = replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps[:index + 1]))
+        result = replay(prefix, reference, compare=False)
     except AdapterError:  # the reference cannot build this configuration: it cannot judge
         return None
     failure = result.failure
@@ -218,12 +223,11 @@ def unknown_request(trace: Trace, index: int) -> str | None:
 def with_expectations(trace: Trace, reference: Adapter) -> Trace:
     """The trace with each step's `expect` set to what the reference shows (OBS-3), up to
     the first step the reference cannot apply or does not conform on. A trace of a
-    shared block pool (policy vllm-0.33, spec chapter 08) keeps none: the reference
-    models the two-pool versions, whose observables are not comparable; nor does a
-    scheduler-tier trace, whose plans are the scheduler's to choose."""
+    policy version the reference does not implement keeps none, nor does a scheduler-tier
+    trace, whose plans are the scheduler's to choose."""
     if trace.tier == "scheduler" or (trace.tier == "engine"
-                                     and model_of_version(trace.engine_config().policy.version) is not TWO_POOL):
-        return trace  # the spec fixes no plan of a scheduler: nothing to expect
+                                     and reference.for_version(trace.engine_config().policy.version) is None):
+        return trace
     result = replay(replace(trace, steps=tuple(replace(s, expect=None) for s in trace.steps)), reference, compare=False)
     steps = [replace(step, expect=seen) for step, seen in zip(trace.steps, result.observed or [])]
     return replace(trace, steps=(*steps, *trace.steps[len(steps):]))

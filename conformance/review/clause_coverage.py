@@ -21,6 +21,10 @@ works with that clause.
   clause.
 - A **divergence** is a known difference of real SGLang or vLLM
   (adapters/{sglang,vllm}/divergences.py), at the clauses it breaks.
+- A **reference** definition is a function or class of the reference implementation
+  (reference/) that claims the clause in its docstring (`[BLOCK-9]`): where the
+  executable model does what the clause says. Its source is read, never imported (the
+  harness does not import the reference: tests/test_architecture.py).
 
 `Coverage.problems()` is what CI requires to be empty: every clause has a check and a
 test, and nothing cites a clause id that no chapter has.
@@ -45,7 +49,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_MODULES = ("protocol", "allocator_driver", "engine_driver", "differential", "replay", "checks")
 """The harness modules whose functions judge an implementation."""
 STEP_FAILURES = {"StepFailure", "InvariantViolation", "ImplementationCrash", "StepNotApplicable"}
-KINDS = ("check", "test", "mutant", "divergence")
+KINDS = ("reference", "check", "test", "mutant", "divergence")
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,9 @@ def coverage(tests: Path) -> Coverage:
     """Every clause of the chapters, and every citation of one, from the tests in `tests`."""
     clauses = load_clauses()
     definitions = spec_definitions()
-    return Coverage(clauses, (*invariant_checks(clauses, definitions), *harness_checks(clauses, definitions),
-                              *helper_checks(), *test_citations(tests, clauses, definitions),
-                              *mutants(),
-                              *divergences()))
+    return Coverage(clauses, (*reference_definitions(), *invariant_checks(clauses, definitions),
+                              *harness_checks(clauses, definitions), *helper_checks(),
+                              *test_citations(tests, clauses, definitions), *mutants(), *divergences()))
 
 
 def default_tests_folder() -> Path | None:
@@ -278,6 +281,27 @@ def test_citations(tests: Path, clauses: dict[str, Clause], definitions: SpecInd
             how |= {c: "names it" for c in sorted(named_clause_ids(text, clauses))}
             if how:
                 yield Citation("test", name, where(path, name), how)
+
+
+# -- the reference -----------------------------------------------------------------------------
+
+def reference_definitions() -> Iterator[Citation]:
+    """Every function, method and class of reference/ whose docstring claims a clause, read
+    from its source."""
+    for path in sorted((SOURCE_ROOT / "reference").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node, name in documented_nodes(tree.body, ""):
+            if claimed := claims_in(ast.get_docstring(node) or ""):
+                yield Citation("reference", f"{path.stem}.{name}", where(path, name),
+                               {c: "implements it" for c in sorted(claimed)})
+
+
+def documented_nodes(body: list[ast.stmt], prefix: str) -> Iterator[tuple[ast.AST, str]]:
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node, prefix + node.name
+            if isinstance(node, ast.ClassDef):
+                yield from documented_nodes(node.body, f"{prefix}{node.name}.")
 
 
 # -- mutants and divergences -------------------------------------------------------------------

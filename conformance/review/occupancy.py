@@ -306,8 +306,9 @@ def pool_sizes(trace: Trace, adapter: Adapter, driver=None) -> dict[str, int]:
         return {"full": full, "swa": swa}
     if config.get("state_slots"):
         return {"full": full, "swa": swa, "state": config["state_slots"]}
-    if driver is None:
-        return {"blocks": full + swa} if adapter.model is BLOCK_POOL else {"full": full, "swa": swa}
+    if driver is None:  # the model of the adapter's engines of the trace's version
+        model = (adapter.for_version(config["policy"]["version"]) or adapter).model
+        return {"blocks": full + swa} if model is BLOCK_POOL else {"full": full, "swa": swa}
     if isinstance(driver.previous, BlockPoolSnapshot):
         return {"blocks": len(driver.previous.block_pool.blocks) - 1}  # less the null block
     return {"full": full, "swa": swa}

@@ -2,9 +2,9 @@
 
 One Markdown document (`spec.md`) and the same rendered as one self-contained HTML page
 (`spec.html`): every chapter in order; after each clause, the source of the definitions
-it cites and what carries its id (clause_coverage.py: the checks that enforce it, the
-tests that exercise it, the bug-zoo mutants that break it, the known divergences of real
-SGLang); and up front a coverage matrix with a row per clause. Clause ids in the prose
+it cites and what carries its id (clause_coverage.py: where the reference implements it,
+the checks that enforce it, the tests that exercise it, the bug-zoo mutants that break
+it, the known divergences of real SGLang and vLLM); and up front a coverage matrix with a row per clause. Clause ids in the prose
 link to their clause.
 
 The command exits 1 when the coverage is incomplete (a clause without a check or a test,
@@ -32,8 +32,8 @@ from .clause_coverage import KINDS, SOURCE_ROOT, Citation, Coverage, coverage, d
 
 TITLE = "kvspec: the specification"
 """The index chapter's title (spec/00-index.md)."""
-KIND_HEADINGS = {"check": "Checked by", "test": "Tested by", "mutant": "Broken by (bug zoo)",
-                 "divergence": "Diverged from by"}
+KIND_HEADINGS = {"reference": "Implemented in the reference by", "check": "Checked by", "test": "Tested by",
+                 "mutant": "Broken by (bug zoo)", "divergence": "Diverged from by"}
 CITED_ID = re.compile(rf"`({CLAUSE_ID})`")
 CODE_FENCE = "```"
 

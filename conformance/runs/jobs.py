@@ -30,7 +30,7 @@ from ..harness.allocator_machine import allocator_machine
 from ..harness.checks import StepFailure
 from ..harness.differential import ComparedFailure
 from ..harness.engine_machine import engine_machine
-from ..harness.families import RUNS
+from ..harness.families import RUNS, Run
 from ..harness.isolation import Journal, Lost
 from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, load_adapter
@@ -47,27 +47,57 @@ def machines(adapter: Adapter, against: str | None = None):
     """(label, state machine class) of every run a check makes, for the tiers and page
     sizes the adapter has; with `against` (an adapter spec, e.g. "reference"), each step
     is also applied to that adapter and the observables the spec fixes must agree
-    (differential mode)."""
+    (differential mode): then only the runs both can make. An adapter whose policy
+    versions are of several memory models gets each model's engine runs, at its first
+    version; those of a model other than its policy_version's are named by the model
+    ("block-pool P=4 W=6 I=4")."""
     shadow = load_adapter(against) if against else None
-    for run in RUNS:
-        if CAPABILITY_OF_PAGE_SIZE[run.page_size == 1] not in adapter.capabilities:
+    made = 0
+    for version in adapter.model_versions():
+        implementation = adapter.for_version(version)
+        compared = shadow.for_version(version) if shadow else None
+        if shadow and compared is None:
             continue
-        if run.tier == "allocator" and adapter.make_allocator is not None:
-            yield run.label, allocator_machine(adapter.make_allocator, run.page_size, adapter.capabilities,
-                                               adapter.observables, shadow=shadow)
-        elif run.tier == "engine" and adapter.make_engine is not None:
-            if run.state_grid is not None and ("recurrent_state" not in adapter.capabilities
-                                               or with_state(adapter.model) is None
-                                               or run.page_size > 1 and "paged_recurrent_state" not in adapter.capabilities):
+        # another model's runs are named by it: "block-pool P=4 W=6 I=4" (never matched by --run "engine P=4")
+        renamed = "engine" if version == adapter.policy_version else implementation.model.name
+        for run in RUNS:
+            if (not applies(implementation, run) or (compared and not applies(compared, run))
+                    or run.tier in ("allocator", "scheduler") and version != adapter.policy_version  # one of each
+                    or run.tier == "scheduler" and shadow):  # the spec fixes no plan: nothing to compare
                 continue
-            policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
-            yield run.label, engine_machine(adapter.make_engine, run.page_size, run.window, policy,
-                                            adapter.capabilities, adapter.observables, shadow=shadow,
-                                            model=adapter.model, state_grid=run.state_grid)
-        elif run.tier == "scheduler" and adapter.make_scheduler is not None and shadow is None:
-            yield run.label, scheduler_machine(adapter.make_scheduler, run.page_size, run.window, adapter.observables,
-                                               adapter.model,
-                                               pressure="preempts_only_when_needed" in adapter.capabilities)
+            made += 1
+            if run.tier == "allocator":
+                yield run.label, allocator_machine(adapter.make_allocator, run.page_size, adapter.capabilities,
+                                                   adapter.observables, shadow=compared)
+            elif run.tier == "scheduler":
+                yield run.label, scheduler_machine(adapter.make_scheduler, run.page_size, run.window,
+                                                   adapter.observables, adapter.model,
+                                                   pressure="preempts_only_when_needed" in adapter.capabilities)
+            else:
+                policy = Policy(version, decode_eviction_interval=run.interval)
+                yield renamed + run.label.removeprefix("engine"), engine_machine(
+                    implementation.make_engine, run.page_size, run.window, policy, implementation.capabilities,
+                    implementation.observables, shadow=compared, model=implementation.model,
+                    state_grid=run.state_grid)
+    if shadow and not made:
+        raise AdapterError(f"adapter {adapter.name!r} and {shadow.name!r} have no run in common: {shadow.name!r} "
+                           f"implements none of {', '.join(adapter.policy_versions)} at the tiers and page sizes "
+                           f"{adapter.name!r} has")
+
+
+def applies(adapter: Adapter, run: Run) -> bool:
+    """Whether the adapter (as its engines of one version are) can make the run."""
+    if CAPABILITY_OF_PAGE_SIZE[run.page_size == 1] not in adapter.capabilities:
+        return False
+    if run.tier == "allocator":
+        return adapter.make_allocator is not None
+    if run.tier == "scheduler":
+        return adapter.make_scheduler is not None
+    if adapter.make_engine is None:
+        return False
+    return run.state_grid is None or ("recurrent_state" in adapter.capabilities
+                                      and with_state(adapter.model) is not None
+                                      and (run.page_size == 1 or "paged_recurrent_state" in adapter.capabilities))
 
 
 def probe(adapter: Adapter) -> None:
@@ -81,8 +111,8 @@ def probe(adapter: Adapter) -> None:
     if adapter.make_allocator is not None:
         adapter.make_allocator(4 * page_size, 4 * page_size, page_size)
     if adapter.make_engine is not None:
-        adapter.make_engine(EngineConfig(page_size, 4, 16 * page_size, 16 * page_size, 4,
-                                         Policy(adapter.policy_version)))
+        for version in adapter.model_versions():
+            adapter.make_engine(EngineConfig(page_size, 4, 16 * page_size, 16 * page_size, 4, Policy(version)))
     if adapter.make_scheduler is not None:
         adapter.make_scheduler(SchedulerConfig(page_size, 4, 16))
 
@@ -94,9 +124,14 @@ def require_page_sizes(adapter: Adapter) -> None:
                            f"applies; add the page sizes it supports to its capabilities")
 
 
-def skipped_runs(adapter: Adapter) -> dict[str, str]:
-    """Runs a check leaves out, and why: never counted as passed."""
+def skipped_runs(adapter: Adapter, against: str | None = None) -> dict[str, str]:
+    """Runs a check leaves out, and why: never counted as passed. With `against`, also the
+    runs the adapter compared with cannot make (differential mode)."""
     left_out = {}
+    if against:
+        made = {label for label, _ in machines(adapter, against)}
+        for label in (label for label, _ in machines(adapter) if label not in made):
+            left_out[label] = f"{against} cannot make this run to compare with (a version, tier or capability it lacks)"
     for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine),
                           ("scheduler", adapter.make_scheduler)):
         if factory is None:

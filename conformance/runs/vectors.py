@@ -11,6 +11,9 @@ or not listed. It holds:
   * random request lifecycles from the engine state machine with a fixed seed, per
     policy version and page size (windows that are and are not page multiples), and
     with a recurrent-state pool (spec chapter 09) per state run's configuration;
+  * the same of the shared block pool (spec chapter 08), per version of it and page
+    size, without PD-decode admissions (vLLM's manager has none, and replays them all),
+    and the scripted trace of docs/engines/vllm.md §7;
   * random allocator operation sequences per page size.
 
 Every step carries the observables the spec fixes (OBS-3) as `expect`, and every
@@ -29,7 +32,15 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, TWO_POOL_VERSIONS, Policy
+from kvspec.spec.window import (
+    BLOCK_POOL_VERSIONS,
+    DROP_MARGIN,
+    NO_PREFIX_SHARING,
+    SGLANG_0_5_23,
+    TWO_POOL_VERSIONS,
+    VLLM_0_33_DENSE,
+    Policy,
+)
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.engine_machine import engine_machine
@@ -125,6 +136,36 @@ def random_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
     return traces
 
 
+def block_pool_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
+    """[BLOCK-1 .. BLOCK-10] Random lifecycles of the shared block pool, per version and
+    configuration, with no PD-decode admission."""
+    traces = {}
+    for version in BLOCK_POOL_VERSIONS:
+        engines = reference.for_version(version)
+        for page_size, window, interval in ENGINE_CONFIGS:
+            machine = engine_machine(engines.make_engine, page_size, window, Policy(version, interval),
+                                     {"chunked_prefill"}, engines.observables, model=engines.model)
+            traces.update(seeded_traces("engine", machine, f"lifecycle-{version}-P{page_size}-W{window}-I{interval}",
+                                        f"random lifecycle of a shared block pool, {version}, page size "
+                                        f"{page_size}, window {window}", seed))
+    return traces
+
+
+def block_pool_walkthrough() -> dict[str, Trace]:
+    """The scripted trace of docs/engines/vllm.md §7 (block size 4, window 7, 63 real
+    blocks, dense retention): A's prompt of 30 tokens in chunks of 8 and three decode
+    steps, B admitted with a hit of 28 tokens on it, A finished, C admitted with the same
+    hit on blocks A released."""
+    config = engine_config_json(EngineConfig(4, 7, 128, 124, 4, Policy(VLLM_0_33_DENSE, 4)))
+    prompt = [t % 5 for t in range(30)]
+    steps = (step("admit", rid="A", prompt=prompt), *[step("prefill_chunk", rid="A", chunk=8, token=1)] * 4,
+             *[step("decode", rid="A", token=1)] * 3, step("admit", rid="B", prompt=[*prompt[:28], 9, 9, 9]),
+             step("prefill_chunk", rid="B", chunk=8, token=2), step("finish", rid="A", trim=0),
+             step("admit", rid="C", prompt=[*prompt[:28], 8, 8]), step("drain"))
+    return {"walkthrough-vllm-7-scripted": Trace("engine", config, "reference", steps,
+                                                 description="docs/engines/vllm.md §7, the scripted trace")}
+
+
 def state_walkthrough() -> dict[str, Trace]:
     """spec/09-state.md's worked example at grid 1 (so that an engine that checkpoints at
     every token boundary, as SGLang does without its extra buffer, runs it too): a
@@ -158,7 +199,8 @@ def write_corpus(out: str | Path, seed: int = SEED, progress=print) -> list[Path
     """Write every vector, with the reference's observables, and the index."""
     out = Path(out)
     reference = load_adapter("reference")
-    vectors = {**walkthroughs(), **state_walkthrough(), **random_lifecycles(reference, seed)}
+    vectors = {**walkthroughs(), **state_walkthrough(), **block_pool_walkthrough(), **random_lifecycles(reference, seed),
+               **block_pool_lifecycles(reference, seed)}
     written, index = [], []
     for name, trace in vectors.items():
         trace = replace(with_expectations(trace, reference), label=name)
