@@ -86,8 +86,13 @@ def model_of_version(policy_version: str, state: bool = False) -> MemoryModel | 
     return with_state(model) if state and model is not None else model
 
 
+def model_of_snapshot(snapshot: EngineSnapshot) -> MemoryModel | None:
+    """[OBS-1] The model a snapshot is of: the most specific whose snapshot type it is
+    (None for a snapshot of no model)."""
+    models = [model for model in MODELS.values() if isinstance(snapshot, model.snapshot_type)]
+    return max(models, key=lambda model: len(model.snapshot_type.__mro__)) if models else None
+
+
 def fixed_observables(snapshot: EngineSnapshot, outcome: str) -> dict:
     """[OBS-3] What the spec fixes after a step, for the snapshot's own model."""
-    model = max((model for model in MODELS.values() if isinstance(snapshot, model.snapshot_type)),
-                key=lambda model: len(model.snapshot_type.__mro__))  # the most specific
-    return model.fixed_observables(snapshot, outcome)
+    return model_of_snapshot(snapshot).fixed_observables(snapshot, outcome)

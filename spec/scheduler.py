@@ -431,27 +431,32 @@ def ended_request_violations(now: SchedulerSnapshot) -> list[Violation]:
     return found
 
 
-def freed_by(victims: set[str], tables: dict[str, tuple[tuple[int, ...], ...]]) -> int:
-    """[SCHED-7] The pages only the victims' tables hold: what preempting them gives back."""
-    theirs = {page for rid in victims for table in tables.get(rid, ()) for page in table if page != NULL_BLOCK}
-    others = {page for rid, held in tables.items() if rid not in victims for table in held for page in table}
-    return len(theirs - others)
+def freed_by(victim: str, victims: set[str], tables: dict[str, tuple[tuple[int, ...], ...]]) -> int:
+    """[SCHED-7] The pages preempting `victim` gave back, among those of `victims`: what
+    keeping it would have kept held, the pages it holds that no request but the victims
+    holds."""
+    kept = {page for rid, held in tables.items() if rid not in victims for table in held for page in table}
+    return len({page for table in tables.get(victim, ()) for page in table if page != NULL_BLOCK} - kept)
 
 
 @invariant("SCHED-7", "scheduling")
 def preemption_violations(previous: SchedulerSnapshot, step, now: SchedulerSnapshot) -> list[Violation]:
     """[SCHED-7] Preemption is the last resort: a plan preempts a running request only when
-    its rows need the pages the request gives back, so after the plan fewer pages are
-    free than those it freed. A plan that preempts and still leaves as many free could
-    have forwarded the same rows and kept the request."""
+    its rows need the pages that request gives back, so after the plan fewer pages are
+    free than it freed. A plan that preempts a request and still leaves as many free
+    could have forwarded the same rows and kept that request."""
     if now.plan is None or not now.plan.preempted:
         return []
     victims = {preemption.rid for preemption in now.plan.preempted}
-    freed = freed_by(victims, dict(previous.view.tables))
-    if freed and now.view.pool.free >= freed:
-        return [Violation("SCHED-7", f"the plan preempts {sorted(victims)}, which gives back {freed} pages, yet "
-                                     f"{now.view.pool.free} pages are free after it: its rows did not need them")]
-    return []
+    tables = dict(previous.view.tables)
+    found = []
+    for victim in sorted(victims):
+        freed = freed_by(victim, victims, tables)
+        if freed and now.view.pool.free >= freed:
+            found.append(Violation("SCHED-7", f"the plan preempts {victim}, which gives back {freed} pages, yet "
+                                              f"{now.view.pool.free} pages are free after it: its rows did not need "
+                                              f"them"))
+    return found
 
 
 def progress_violation(stalled_plans: int, bound: int) -> Violation:

@@ -138,7 +138,8 @@ def test_sched_6_only_a_running_request_holds_pages():
 def test_sched_7_a_preemption_must_free_pages_the_rows_need():
     """[SCHED-7] `b` holds 4 pages of its own and 4 shared with `a`."""
     b_tables = ((1, 2, 8, 9), (5, 6, 10, 11))
-    assert freed_by({"b"}, {"a": A_TABLES, "b": b_tables}) == 4
+    assert freed_by("b", {"b"}, {"a": A_TABLES, "b": b_tables}) == 4
+    assert freed_by("a", {"a", "b"}, {"a": A_TABLES, "b": b_tables}) == 7  # shared with another victim: freed too
     ledger = [request(outputs=1, computed=8, status=Status.RUNNING),
               request("b", 11, 2, 1, 11, Status.RUNNING)]
     before = snapshot(ledger, [("a", A_TABLES), ("b", b_tables)], 13, 11)
@@ -146,6 +147,13 @@ def test_sched_7_a_preemption_must_free_pages_the_rows_need():
     assert preemption_violations(before, None, snapshot(ledger, [("a", A_TABLES)], 3, 21, needed)) == []
     assert "did not need" in str(preemption_violations(before, None, snapshot(ledger, [("a", A_TABLES)], 17, 7,
                                                                               needed)))
+    # two victims where one was needed: the other's pages are still free after the plan
+    c_tables = ((12, 13), (14,))
+    ledger3 = [*ledger, request("c", 4, 2, 1, 4, Status.RUNNING)]
+    before3 = snapshot(ledger3, [("a", A_TABLES), ("b", b_tables), ("c", c_tables)], 10, 14)
+    both = Plan((Row("a", 8, 1, A_TABLES),), (Preemption("b", Preempted.RECOMPUTE), Preemption("c", Preempted.RECOMPUTE)))
+    found = preemption_violations(before3, None, snapshot(ledger3, [("a", A_TABLES)], 3, 21, both))
+    assert [v.message.split(",")[0] for v in found] == ["the plan preempts c"]
 
 
 def test_sched_8_an_empty_plan_while_every_page_is_free_starves_the_waiting():

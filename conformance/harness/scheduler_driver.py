@@ -23,7 +23,7 @@ scheduler shows its memory model's snapshot, that model's invariants over it.
 
 from typing import Any
 
-from kvspec.spec.models import MemoryModel
+from kvspec.spec.models import MemoryModel, model_of_snapshot
 from kvspec.spec.outcomes import Outcome
 from kvspec.spec.scheduler import (Plan, SchedulerConfig, SchedulerSnapshot, SchedulerView, ScheduledRequest,
                                    after_plan, after_result, drain_bound, progress_violation, samples)
@@ -34,15 +34,21 @@ from .trace import TraceStep
 
 
 class SchedulerDriver:
+    """`model` and `observables`: the adapter's memory model and what it shows of it. The
+    memory snapshot a scheduler shows is checked by its own model's invariants (the model
+    its type is of), with the adapter's observables where that is the adapter's model,
+    all of them otherwise (a scheduler on an engine of another model shows it whole)."""
+
     def __init__(self, scheduler, config: SchedulerConfig, model: MemoryModel | None, observables: frozenset[str],
                  log=None):
         self.scheduler = scheduler
         self.config = config
         self.model = model
+        self.observables = observables
         self.log = log or (lambda line: None)
         self.tally = Tally()
         self.invariants = Checks(SchedulerSnapshot, observables)
-        self.memory_invariants = Checks(model.snapshot_type, observables) if model is not None else None
+        self.memory_invariants: dict[type, Checks] = {}
         self.ledger: dict[str, ScheduledRequest] = {}
         self.outputs: dict[str, tuple[int, ...]] = {}
         """The tokens each request returns, in order (from its submission)."""
@@ -59,18 +65,24 @@ class SchedulerDriver:
         if not isinstance(view, SchedulerView):
             raise ImplementationCrash(f"snapshot() returned a {type(view).__name__}, but a scheduler shows a "
                                       f"SchedulerView (kvspec.spec.scheduler)", ["OBS-1"])
-        if view.memory is not None and (self.model is None or not isinstance(view.memory, self.model.snapshot_type)):
-            expected = self.model.snapshot_type.__name__ if self.model else "no memory snapshot"
-            raise ImplementationCrash(f"snapshot().memory is a {type(view.memory).__name__}, but the adapter's "
-                                      f"memory model shows {expected}", ["OBS-1"])
+        if view.memory is not None and model_of_snapshot(view.memory) is None:
+            raise ImplementationCrash(f"snapshot().memory is a {type(view.memory).__name__}, the snapshot of no memory "
+                                      f"model (kvspec.spec.models.MODELS)", ["OBS-1"])
         return view
+
+    def memory_checks(self, memory) -> Checks:
+        if type(memory) not in self.memory_invariants:
+            model = model_of_snapshot(memory)
+            shown = self.observables if model is self.model else frozenset(model.observables)
+            self.memory_invariants[type(memory)] = Checks(model.snapshot_type, shown)
+        return self.memory_invariants[type(memory)]
 
     def check(self, step: Step, plan: Plan | None = None):
         now = SchedulerSnapshot(self.config, tuple(self.ledger.values()), self.view(), plan)
         previous, self.previous = self.previous, now
         found = self.invariants.violations(self.tally, now, previous, step)
-        if self.memory_invariants is not None and now.view.memory is not None:
-            found += self.memory_invariants.violations(self.tally, now.view.memory)
+        if now.view.memory is not None:
+            found += self.memory_checks(now.view.memory).violations(self.tally, now.view.memory)
         if found:
             raise InvariantViolation.of(found, f"after {step.operation}{f'({step.rid})' if step.rid else ''}:")
 
