@@ -75,6 +75,14 @@ class ReferenceEngineAdapter:
         raise AttributeError(operation)
 
 
+def make_scheduler(config, device: str = "cpu"):
+    """The reference scheduler (chapter 10) over the reference's shared block pool: its
+    operations take and return the spec's plain data already."""
+    from kvspec.reference.scheduler import ReferenceScheduler
+
+    return ReferenceScheduler(config, device=device)
+
+
 BLOCK_POOL_CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "pd_decode")
 """The shared block pool's engines: no recurrent-state group (chapter 09 is modelled on the two-pool engine)."""
 
@@ -89,7 +97,8 @@ class ADAPTER:
     policy_versions = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                     "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                    "paged_recurrent_state", "releases_state_at_stop")
+                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed")
     version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter
+    make_scheduler = staticmethod(make_scheduler)

@@ -189,12 +189,9 @@ class BlockPoolEngine:
         slots = processed + new_tokens
         self.release_window(request, processed)
         hit_blocks = hit_blocks or [[] for _ in GROUPS]
-        skipped = [released_swa_blocks(processed, self.window, self.bs) if kind == SWA else 0 for kind in GROUPS]
+        skipped = self.skipped(processed)
         adopted = [hit_blocks[g][skipped[g]:] for g in range(len(GROUPS))]
-        needed = self.pool.free_among([b for blocks in adopted for b in blocks]) + sum(
-            max(0, pages_for(slots, self.bs) - max(skipped[g], request.lengths[g] + len(hit_blocks[g])))
-            for g in range(len(GROUPS)))
-        if needed > self.pool.free_count:
+        if self.blocks_needed(request, new_tokens, hit, hit_blocks, external) > self.pool.free_count:
             if request.rid in self.requests:
                 request.processed = processed
             return False
@@ -209,6 +206,23 @@ class BlockPoolEngine:
         self.cache_blocks(request, min(slots, len(request.tokens)))
         request.processed, request.slots = processed, slots
         return True
+
+    def skipped(self, processed: int) -> list[int]:
+        """[BLOCK-6] Per group, the leading entries released after `processed` tokens."""
+        return [released_swa_blocks(processed, self.window, self.bs) if kind == SWA else 0 for kind in GROUPS]
+
+    def blocks_needed(self, request: BlockRequest, new_tokens: int, hit: int = 0,
+                      hit_blocks: list[list[int]] | None = None, external: int = 0) -> int:
+        """[BLOCK-6] The free blocks an allocation takes once its window is released: the
+        blocks its tables grow by, and the free ones its hit adopts."""
+        processed = request.computed + hit + external
+        slots = processed + new_tokens
+        hit_blocks = hit_blocks or [[] for _ in GROUPS]
+        skipped = self.skipped(processed)
+        adopted = [block for g in range(len(GROUPS)) for block in hit_blocks[g][skipped[g]:]]
+        return self.pool.free_among(adopted) + sum(
+            max(0, pages_for(slots, self.bs) - max(skipped[g], request.lengths[g] + len(hit_blocks[g])))
+            for g in range(len(GROUPS)))
 
     def release_window(self, request: BlockRequest, processed: int) -> None:
         """[BLOCK-6] Give back the sliding-window blocks wholly before `processed - W`."""

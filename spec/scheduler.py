@@ -33,7 +33,7 @@ from typing import Protocol
 
 from .block_pool import FULL, NULL_BLOCK, SWA, released_swa_blocks
 from .notation import Violation
-from .outcomes import Name
+from .outcomes import Name, OutOfMemory
 from .pages import pages_for
 from .registry import invariant
 from .snapshot import EngineSnapshot
@@ -181,8 +181,9 @@ class SchedulerOperations(Protocol):
     """[SCHED-1] What the harness calls. A scheduler raises nothing for a call the tier
     allows; what it cannot serve it leaves out of its plans, or preempts."""
 
-    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
-        """A request arrives; it must end before `max_new_tokens` outputs past its prompt."""
+    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> OutOfMemory | None:
+        """A request arrives; it ends by `max_new_tokens` outputs past its prompt. A request
+        the scheduler can never serve is refused: OutOfMemory, and it has ended (SCHED-8)."""
 
     def plan(self) -> Plan:
         """The next plan: the rows to forward and the requests preempted for them."""
@@ -254,6 +255,32 @@ def drain_bound(requests: Sequence[ScheduledRequest], outputs: Sequence[int], ma
     """
     work = sum(request.known - request.computed + left for request, left in zip(requests, outputs))
     return 4 * work + 16
+
+
+def pages_alone(config: SchedulerConfig, prompt_len: int, max_new_tokens: int) -> int:
+    """[SCHED-8] The most pages a request needs with the pool to itself: every token it may
+    have, in a full-attention group; in a sliding-window group no more than that, nor
+    more than one plan's chunk and the window before it, rounded out to pages on both
+    sides (`1 + cdiv(W + max_scheduled_tokens, P)`).
+
+    pre: config.page_size >= 1 and config.window >= 1 and config.max_scheduled_tokens >= 1
+    pre: prompt_len >= 1 and max_new_tokens >= 1
+    post: __return__ >= len(config.groups)
+    """
+    tokens = pages_for(prompt_len + max_new_tokens, config.page_size)
+    window = 1 + pages_for(config.window + config.max_scheduled_tokens, config.page_size)
+    return sum(tokens if kind == FULL else min(tokens, window) for kind in config.groups)
+
+
+def refusal_violation(config: SchedulerConfig, rid: str, prompt_len: int, max_new_tokens: int) -> Violation | None:
+    """[SCHED-8] A scheduler may refuse at submission a request it can never serve, and
+    must not refuse one that needs at most half the pool alone (`pages_alone`): an engine
+    may keep margins, but not refuse work its pool holds twice over."""
+    needed = pages_alone(config, prompt_len, max_new_tokens)
+    if 2 * needed <= config.pages:
+        return Violation("SCHED-8", f"request {rid} ({prompt_len} tokens, up to {max_new_tokens} outputs) was refused "
+                                    f"at submission, though it needs at most {needed} of the pool's {config.pages} pages")
+    return None
 
 
 # -- the checks ------------------------------------------------------------------------------

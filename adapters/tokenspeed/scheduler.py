@@ -21,6 +21,8 @@ one plan early at every page boundary, and SCHED-3 says so
 from collections.abc import Sequence
 
 from kvspec.spec.block_pool import FULL, SWA
+from kvspec.spec.outcomes import OutOfMemory
+from kvspec.spec.pages import pages_for
 from kvspec.spec.scheduler import PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView
 
 from . import runtime as ts
@@ -88,12 +90,19 @@ class TokenSpeedScheduler:
                                                    window_counts_current_token))
         self.tables: dict[str, tuple[tuple[int, ...], ...]] = {}
 
-    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
+    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> OutOfMemory | None:
         spec = ts.RequestSpec()
         spec.request_id = rid
         spec.tokens = list(prompt)
         spec.max_new_tokens = max_new_tokens
-        self.scheduler.submit_requests([spec])
+        try:
+            self.scheduler.submit_requests([spec])
+        except ValueError as error:  # "request token limit N exceeds cache capacity M": its capacity model says no
+            if "exceeds cache capacity" not in str(error):
+                raise
+            return OutOfMemory("pool", pages_for(len(prompt) + max_new_tokens, self.config.page_size),
+                               self.config.pages)
+        return None
 
     def plan(self) -> Plan:
         plan = self.scheduler.next_execution_plan()

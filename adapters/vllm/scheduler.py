@@ -36,6 +36,8 @@ as ended by the scheduler (Preempted.ABORT).
 
 from collections.abc import Sequence
 
+from kvspec.spec.outcomes import OutOfMemory
+from kvspec.spec.pages import pages_for
 from kvspec.spec.scheduler import PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
@@ -128,12 +130,12 @@ class VllmScheduler:
 
     # -- the tier ---------------------------------------------------------------------------
 
-    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
-        if len(prompt) + max_new_tokens > self.max_model_len:
-            raise ValueError(f"request {rid}: {len(prompt)} prompt tokens and {max_new_tokens} outputs are more than "
-                             f"max_model_len {self.max_model_len} (the pool's pages times the page size); vLLM's "
-                             f"front end refuses such a request: build the scheduler with more pages")
+    def submit(self, rid: str, prompt: Sequence[int], max_new_tokens: int) -> OutOfMemory | None:
+        if len(prompt) + max_new_tokens > self.max_model_len:  # vLLM's front end refuses it (max_model_len)
+            return OutOfMemory("blocks", pages_for(len(prompt) + max_new_tokens, self.config.page_size),
+                               self.config.pages)
         self.scheduler.add_request(make_request(self.scheduler, rid, prompt, max_tokens=max_new_tokens))
+        return None
 
     def plan(self) -> Plan:
         if self.step is not None:

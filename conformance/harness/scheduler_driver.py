@@ -6,7 +6,8 @@ scheduler decides, so one trace drives any scheduler:
 
   submit {rid, prompt, max_new_tokens, outputs}  a request arrives; `outputs` are the tokens
                                                  the model will return for it, in order; it
-                                                 ends (finish) after the last one
+                                                 ends (finish) after the last one, or at once
+                                                 if the scheduler refuses it (SCHED-8)
   step {}                                        one plan; every row it forwards is answered
                                                  (the next output where the row samples),
                                                  and a request whose outputs are all
@@ -24,9 +25,10 @@ scheduler shows its memory model's snapshot, that model's invariants over it.
 from typing import Any
 
 from kvspec.spec.models import MemoryModel, model_of_snapshot
-from kvspec.spec.outcomes import Outcome
+from kvspec.spec.outcomes import Outcome, OutOfMemory
 from kvspec.spec.scheduler import (Plan, SchedulerConfig, SchedulerSnapshot, SchedulerView, ScheduledRequest,
-                                   after_plan, after_result, drain_bound, progress_violation, samples)
+                                   after_plan, after_result, drain_bound, progress_violation, refusal_violation,
+                                   samples)
 from kvspec.spec.snapshot import Step
 
 from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally
@@ -112,10 +114,15 @@ class SchedulerDriver:
     def submit(self, rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int]):
         if rid in self.ledger or rid in self.outputs:
             raise StepNotApplicable(f"request {rid!r} was submitted before")
-        self.call("submit", rid, list(prompt), max_new_tokens)
-        self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0)
+        refused = isinstance(self.call("submit", rid, list(prompt), max_new_tokens), OutOfMemory)
         self.outputs[rid] = tuple(outputs)
-        self.check(Step("submit", rid))
+        if refused:  # it has ended: it holds nothing and never runs
+            self.log("  -> refused")
+            if violation := refusal_violation(self.config, rid, len(prompt), max_new_tokens):
+                raise InvariantViolation.of([violation], f"after submit({rid}):")
+        else:
+            self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0)
+        self.check(Step("submit", rid, Outcome.OUT_OF_MEMORY if refused else Outcome.OK))
 
     def abort(self, rid: str):
         if rid not in self.ledger:
