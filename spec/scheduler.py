@@ -468,11 +468,12 @@ def freed_by(victim: str, victims: set[str], tables: dict[str, tuple[tuple[int, 
 
 @invariant("SCHED-7", "scheduling")
 def preemption_violations(previous: SchedulerSnapshot, step, now: SchedulerSnapshot) -> list[Violation]:
-    """[SCHED-7] Preemption is the last resort: a plan preempts a running request only when
-    its rows need the pages that request gives back, so after the plan fewer pages are
-    free than it freed. A plan that preempts a request and still leaves as many free
-    could have forwarded the same rows and kept that request."""
-    if now.plan is None or not now.plan.preempted:
+    """[SCHED-7] Preemption is the last resort: a plan that forwards rows preempts a running
+    request only when they need the pages that request gives back, so after the plan
+    fewer pages are free than it freed. A plan that preempts a request and still leaves
+    as many free could have forwarded the same rows and kept that request. A plan that
+    forwards nothing is a stall, which a preemption may break for the plans after it."""
+    if now.plan is None or not now.plan.preempted or not now.plan.rows:
         return []
     victims = {preemption.rid for preemption in now.plan.preempted}
     tables = dict(previous.view.tables)

@@ -85,16 +85,31 @@ def test_tokenspeed_passes_the_scheduler_runs(adapter, label):
     assert machine.steps > 100 and machine.tally.checked["scheduling"] > 0
 
 
+def test_a_retraction_beside_running_rows_is_caught_by_sched_7():
+    """[SCHED-7] TokenSpeed's forced retraction (a debugging knob, every third plan)
+    retracts one of two decoding requests while the other runs and pages are free."""
+    from kvspec.conformance.harness.checks import InvariantViolation
+
+    driver = SchedulerDriver(make_scheduler(EXAMPLE, force_retraction_every=3), EXAMPLE, None, frozenset())
+    driver.apply(submit("a", [1, 2, 3, 4], 8, list(range(8))))
+    driver.apply(submit("b", [5, 6, 7, 8], 8, list(range(8))))
+    with pytest.raises(InvariantViolation, match=r"\[SCHED-7\] the plan preempts"):
+        for _ in range(6):
+            driver.apply(STEP)
+
+
 def test_a_retraction_without_need_is_caught_and_its_trace_replays(tmp_path):
-    """[SCHED-7] TokenSpeed's forced retraction (a debugging knob) preempts while pages
-    are free: `kvspec check` fails with SCHED-7, saves the trace, and the trace replays."""
+    """[SCHED-7, SCHED-8] TokenSpeed's forced retraction preempts while pages are free:
+    `kvspec check` fails with a scheduling clause (SCHED-7 where other rows run, SCHED-8
+    where the retraction empties the pool and the plan), saves the trace, and it replays."""
     result = subprocess.run(["kvspec", "check", "--adapter", "test_tokenspeed_adapter:FORCED_RETRACTION", "--run",
                              "scheduler P=4 W=7", "--seed", "0", "--profile", "quick", "--shrink-seconds", "10"],
                             capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
-    assert result.returncode == 1 and "[SCHED-7]" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 1 and ("[SCHED-7]" in result.stdout or "[SCHED-8]" in result.stdout), \
+        result.stdout + result.stderr
     (path,) = (tmp_path / "kvspec-traces").glob("*.jsonl")
     trace = load(path)
-    assert trace.tier == "scheduler" and "SCHED-7" in trace.violated
+    assert trace.tier == "scheduler" and {"SCHED-7", "SCHED-8"} & set(trace.violated)
     again = replay(trace, load_adapter("test_tokenspeed_adapter:FORCED_RETRACTION"))
     assert again.reproduces(trace), again.verdict()
     assert replay(trace, load_adapter("tokenspeed")).conforms  # the engine as shipped does not
