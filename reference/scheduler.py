@@ -62,11 +62,13 @@ class Budget:
 
 
 class ReferenceScheduler:
+    engine_class = BlockPoolEngine
+
     def __init__(self, config: SchedulerConfig, device: str = "cpu"):
         if tuple(config.groups) != GROUPS:
             raise ValueError(f"the reference scheduler's engine has the groups {GROUPS}; got {config.groups}")
         self.config = config
-        self.engine = BlockPoolEngine(engine_config(config), device)
+        self.engine = self.engine_class(engine_config(config), device)
         self.arrivals: list[str] = []
         """Every request not ended, in arrival order: the order of every pass."""
         self.waiting: dict[str, BlockRequest] = {}

@@ -3,6 +3,8 @@ exposes it (`exposed_by`), for the clause it names; the unmodified reference pas
 same runs. A check that no seeded bug makes fail would be a check that tests nothing
 (style.md)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -10,12 +12,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters import mutants
 from kvspec.adapters.mutants import MUTANTS
 from kvspec.adapters.reference import ADAPTER
-from kvspec.conformance.harness.allocator_machine import allocator_machine
-from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.families import CRASH, Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import load_adapter
-from kvspec.spec.window import Policy
+from kvspec.conformance.runs.jobs import machines
 
 # The ci profile at a fixed seed, without shrinking: shrinking one counterexample takes
 # minutes, and the assertion is on the clause, not on a minimal reproduction. The ci
@@ -31,13 +31,9 @@ CONTROL_EXAMPLES = 12
 
 def machine_for(adapter, run: Run):
     """`adapter` loaded (protocol.Adapter), as its engines of its policy_version are: a
-    mutant of the shared block pool (mutants/block_pool.py) is of that model."""
-    if run.tier == "allocator":
-        machine = allocator_machine(adapter.make_allocator, run.page_size)
-    else:
-        policy = Policy(adapter.policy_version, decode_eviction_interval=run.interval)
-        machine = engine_machine(adapter.make_engine, run.page_size, run.window, policy, adapter.capabilities,
-                                 adapter.observables, model=adapter.model, state_grid=run.state_grid)
+    mutant of the shared block pool (mutants/block_pool.py) is of that model. The
+    machine is the one `kvspec check` makes for the run."""
+    machine = dict(machines(adapter))[run.label]
     # the seed goes on the machine class: run_state_machine_as_test reads it there
     return seed(SEED)(machine)
 
@@ -75,7 +71,8 @@ def test_mutant_is_caught_for_its_clause(slug):
 def test_the_reference_passes_the_runs_that_catch_mutants(version, run):
     # the control: at the same seed, the examples that catch a mutant pass on the reference
     # (its engines of the mutant's version: two-pool or shared block pool)
-    run_state_machine_as_test(machine_for(load_adapter(ADAPTER.name).for_version(version), run),
+    reference = replace(load_adapter(ADAPTER.name).for_version(version), policy_versions=(version,))
+    run_state_machine_as_test(machine_for(reference, run),
                               settings=settings(SETTINGS, max_examples=CONTROL_EXAMPLES))
 
 

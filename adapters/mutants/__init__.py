@@ -17,7 +17,7 @@ the mapping), tree.py (the prefix tree), state.py (recurrent state), one module 
 block_pool.py seeds the shared block pool of chapter 08 (a mutant per BLOCK clause).
 """
 
-from . import allocator, block_pool, release, state, tree, window  # noqa: F401 - importing a module registers its mutants
+from . import allocator, block_pool, release, scheduler, state, tree, window  # noqa: F401 - importing a module registers its mutants
 from .seeding import MUTANTS, Mutant
 
 __all__ = ["MUTANTS", "Mutant"]

@@ -101,6 +101,7 @@ class Mutant:
     capabilities = ADAPTER.capabilities
     make_allocator = None
     make_engine = None
+    make_scheduler = None
     clause: str
     invariant_class: str
     exposed_by: Run
@@ -113,15 +114,18 @@ class Mutant:
     step fails before any invariant looks), which also counts as caught; empty if none."""
 
     def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
-                          allocator: type[HybridAllocator] | None = None, **kwargs):
+                          allocator: type[HybridAllocator] | None = None, scheduler: type | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
-        assert engine or allocator, f"mutant {slug!r}: pass the engine or allocator class that carries the bug"
+        assert engine or allocator or scheduler, \
+            f"mutant {slug!r}: pass the engine, allocator or scheduler class that carries the bug"
         check_declaration(cls, slug)
         cls.name = f"mutant-{slug}"
         if allocator is not None:
             cls.make_allocator = allocator_adapter(allocator, cls.name)
         if engine is not None:
             cls.make_engine = engine_adapter(engine, cls.name)
+        if scheduler is not None:  # the reference scheduler's operations take and return plain data already
+            cls.make_scheduler = scheduler
         MUTANTS[slug] = cls
 
 
