@@ -21,9 +21,9 @@ Three parties, three kinds of fact:
 
 Tables follow chapter 08's shape (one positional table per request and group, entry `i`
 covering tokens `[i * P, (i + 1) * P)`, NULL_BLOCK for a released sliding-window entry),
-and the window rules of a plan's rows are chapter 08's arithmetic (`released_swa_blocks`,
-`swa_block_bound`), stated per row, so that they bind engines which size their tables
-otherwise (TokenSpeed sizes a full table at admission).
+and the window rules of a plan's rows are chapter 08's arithmetic (`released_swa_blocks`),
+stated per row, so that they bind engines which size their tables otherwise (TokenSpeed
+sizes a full table at admission, and reserves sliding-window pages ahead).
 """
 
 from collections import Counter
