@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from kvspec.spec.models import model_for
 from kvspec.spec.outcomes import InvalidRequest
+from kvspec.spec.scheduler import pages_alone
 from kvspec.spec.snapshot import EngineConfig
 
 from .allocator_driver import REFUSALS, AllocatorDriver
@@ -67,6 +68,8 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["free_groups"] = True
         elif step.op in REFUSALS:  # a misuse the allocator must refuse unchanged (ALLOC-6)
             needs["refuses_misuse"] = True
+    if trace.tier == "scheduler" and pressed(trace):
+        needs["preempts_only_when_needed"] = True  # its pool cannot hold every request of it at once (SCHED-7)
     if trace.tier == "engine" and trace.config.get("state_slots"):
         needs["recurrent_state"] = True
         if trace.config["page_size"] > 1:
@@ -81,6 +84,14 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
         unmet.append(f"policy version {version} (it implements {', '.join(adapter.policy_versions)})")
     capabilities = (adapter.for_version(version) or adapter).capabilities
     return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in capabilities]
+
+
+def pressed(trace: Trace) -> bool:
+    """Whether a scheduler trace's pool is short of holding every request it submits at
+    once (pages_alone each): then a scheduler may need to preempt."""
+    config = trace.scheduler_config()
+    return sum(pages_alone(config, len(step.args["prompt"]), step.args["max_new_tokens"])
+               for step in trace.steps if step.op == "submit") > config.pages
 
 
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):

@@ -14,10 +14,15 @@ or not listed. It holds:
   * the same of the shared block pool (spec chapter 08), per version of it and page
     size, without PD-decode admissions (vLLM's manager has none, and replays them all),
     and the scripted trace of docs/engines/vllm.md §7;
-  * random allocator operation sequences per page size.
+  * random allocator operation sequences per page size;
+  * at the scheduler tier (spec chapter 10), the chapter's worked example and random
+    arrivals from the scheduler state machine on the reference scheduler, per
+    configuration: they fix no plan, so they carry no `expect`, and an implementation
+    replays them to have every plan it makes checked.
 
-Every step carries the observables the spec fixes (OBS-3) as `expect`, and every
-vector ends with `drain` (release everything, evict everything: every page free).
+Every step of the other tiers carries the observables the spec fixes (OBS-3) as
+`expect`, and every vector ends with `drain` (release everything, evict everything:
+every page free; at the scheduler tier, every request ended).
 """
 
 import hashlib
@@ -31,6 +36,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from kvspec.spec.scheduler import SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import (
     BLOCK_POOL_VERSIONS,
@@ -46,7 +52,8 @@ from ..harness.allocator_machine import allocator_machine
 from ..harness.engine_machine import engine_machine
 from ..harness.families import STATE_CONFIGS
 from ..harness.protocol import Adapter, load_adapter
-from ..harness.replay import with_expectations
+from ..harness.replay import replay, with_expectations
+from ..harness.scheduler_machine import scheduler_config_json, scheduler_machine
 from ..harness.trace import Trace, TraceError, TraceStep, engine_config_json, load, read_bounded, trace_files
 
 INDEX = "index.json"
@@ -58,6 +65,8 @@ ENGINE_CONFIGS = ((1, 5, 4), (4, 6, 4), (4, 7, 1), (16, 5, 4))
 """(page size, window, decode eviction interval): P = 1; W % P == 2; W % P == P - 1 with
 eviction every step; P > W."""
 ALLOCATOR_PAGE_SIZES = (1, 4, 16)
+SCHEDULER_VECTOR_CONFIGS = ((1, 3), (4, 7), (16, 5))
+"""(page size, window) of the scheduler tier's random vectors."""
 SEED = 20261130
 
 PROMPT = list(range(100, 140))
@@ -195,16 +204,44 @@ def state_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
     return traces
 
 
+def scheduler_walkthrough() -> dict[str, Trace]:
+    """spec/10-scheduler.md's worked example: a prefix hit on a running request's pages,
+    whose shared window page the engine may release a plan late (SCHED-4)."""
+    config = SchedulerConfig(page_size=4, window=7, pages=24, max_batch_size=2, max_scheduled_tokens=8)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    steps = (step("submit", rid="a", prompt=prompt, max_new_tokens=8, outputs=list(range(9, 17))),
+             *[step("step")] * 4,
+             step("submit", rid="b", prompt=[*prompt, 20, 21, 22], max_new_tokens=2, outputs=[30, 31]),
+             *[step("step")] * 3, step("drain"))
+    return {"walkthrough-10-scheduler": Trace("scheduler", scheduler_config_json(config), "reference", steps,
+                                              description="spec/10-scheduler.md, worked example")}
+
+
+def scheduler_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
+    """[SCHED-1 .. SCHED-8] Random arrivals on the reference scheduler, per configuration,
+    with its pool under pressure."""
+    traces = {}
+    for page_size, window in SCHEDULER_VECTOR_CONFIGS:
+        machine = scheduler_machine(reference.make_scheduler, page_size, window)
+        traces.update(seeded_traces("scheduler", machine, f"scheduler-P{page_size}-W{window}",
+                                    f"random arrivals at the scheduler tier, page size {page_size}, window {window}",
+                                    seed))
+    return traces
+
+
 def write_corpus(out: str | Path, seed: int = SEED, progress=print) -> list[Path]:
     """Write every vector, with the reference's observables, and the index."""
     out = Path(out)
     reference = load_adapter("reference")
     vectors = {**walkthroughs(), **state_walkthrough(), **block_pool_walkthrough(), **random_lifecycles(reference, seed),
-               **block_pool_lifecycles(reference, seed)}
+               **block_pool_lifecycles(reference, seed), **scheduler_walkthrough(),
+               **scheduler_lifecycles(reference, seed)}
     written, index = [], []
     for name, trace in vectors.items():
         trace = replace(with_expectations(trace, reference), label=name)
-        if any(s.expect is None for s in trace.steps):
+        conforms = replay(trace, reference).conforms if trace.tier == "scheduler" else all(
+            s.expect is not None for s in trace.steps)  # a scheduler's plans are its own: nothing to expect
+        if not conforms:
             raise RuntimeError(f"the reference does not conform on vector {name} (a kvspec bug, please report it)")
         path = trace.save(out / f"{name}.jsonl")
         written.append(path)
