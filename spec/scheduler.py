@@ -1,4 +1,4 @@
-"""The scheduler tier [SCHED-1 .. SCHED-8]: an engine whose scheduler decides, checked plan by plan.
+"""The scheduler tier [SCHED-1 .. SCHED-9]: an engine whose scheduler decides, checked plan by plan.
 
 At the engine tier kvspec plays the scheduler: it calls an engine's memory operations in
 an order it chooses. Many engines cannot be driven that way: their scheduler is the
@@ -37,6 +37,12 @@ from .outcomes import Name, OutOfMemory
 from .pages import pages_for
 from .registry import invariant
 from .snapshot import EngineSnapshot
+from .state import state_digest
+
+STATE = "state"
+"""[SCHED-9] A recurrent-state group's kind (chapter 09): its table in a row is two pages,
+the state the row reads (the null page when it advances the state it writes, in place)
+and the state it writes."""
 
 # -- the tier ------------------------------------------------------------------------------
 
@@ -52,6 +58,7 @@ class SchedulerConfig:
     pages: int
     """Real pages of the pool, shared by every group (the null page is not counted)."""
     groups: tuple[str, ...] = (FULL, SWA)
+    """The kind of each layer group, by group id: FULL, SWA or STATE."""
     max_batch_size: int = 8
     """Most rows in one plan."""
     max_scheduled_tokens: int = 64
@@ -65,8 +72,9 @@ def validate_scheduler_config(config: SchedulerConfig) -> list[str]:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{name} must be a whole number of at least 1 (got {value!r})")
-    if not config.groups or any(group not in (FULL, SWA) for group in config.groups):
-        problems.append(f"groups must name at least one layer group, each {FULL!r} or {SWA!r} (got {config.groups!r})")
+    if not config.groups or any(group not in (FULL, SWA, STATE) for group in config.groups):
+        problems.append(f"groups must name at least one layer group, each {FULL!r}, {SWA!r} or {STATE!r} "
+                        f"(got {config.groups!r})")
     elif FULL not in config.groups:
         problems.append("groups must include a full-attention group: a request's prompt is cached there")
     return problems
@@ -104,6 +112,9 @@ class Row:
     tokens: int
     tables: tuple[tuple[int, ...], ...]
     """Per group, the table the row runs with (NULL_BLOCK where released)."""
+    state_read: int | None = None
+    """[SCHED-9] With a state group: the `state_digest` the state the row reads holds, as
+    the adapter's model of the state pages (chapter 09's stand-in, STATE-4) computes it."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,8 @@ class ScheduledRequest:
     computed: int
     """Tokens whose KV its forwards computed (0 again after a preemption that drops it)."""
     status: Status = Status.WAITING
+    tokens: tuple[int, ...] = ()
+    """The tokens known, where the harness gives them: the prompt and the outputs returned."""
 
     @property
     def known(self) -> int:
@@ -229,10 +242,12 @@ def after_plan(requests: Sequence[ScheduledRequest], plan: Plan) -> tuple[Schedu
     return tuple(ledger)
 
 
-def after_result(request: ScheduledRequest, row: Row) -> ScheduledRequest:
+def after_result(request: ScheduledRequest, row: Row, token: int | None = None) -> ScheduledRequest:
     """[SCHED-2] The ledger once the row's result came back: its tokens are computed, and
-    an output was returned if it sampled."""
-    return replace(request, computed=row.start + row.tokens, outputs=request.outputs + samples(request, row))
+    an output (`token`) was returned if it sampled."""
+    sampled = samples(request, row)
+    return replace(request, computed=row.start + row.tokens, outputs=request.outputs + sampled,
+                   tokens=request.tokens + ((token,) if sampled and token is not None else ()))
 
 
 def after_preemption(request: ScheduledRequest, how: Preempted) -> ScheduledRequest:
@@ -261,7 +276,7 @@ def pages_alone(config: SchedulerConfig, prompt_len: int, max_new_tokens: int) -
     """[SCHED-8] The most pages a request needs with the pool to itself: every token it may
     have, in a full-attention group; in a sliding-window group no more than that, nor
     more than one plan's chunk and the window before it, rounded out to pages on both
-    sides (`1 + cdiv(W + max_scheduled_tokens, P)`).
+    sides (`1 + cdiv(W + max_scheduled_tokens, P)`); in a state group two (SCHED-9).
 
     pre: config.page_size >= 1 and config.window >= 1 and config.max_scheduled_tokens >= 1
     pre: prompt_len >= 1 and max_new_tokens >= 1
@@ -269,7 +284,8 @@ def pages_alone(config: SchedulerConfig, prompt_len: int, max_new_tokens: int) -
     """
     tokens = pages_for(prompt_len + max_new_tokens, config.page_size)
     window = 1 + pages_for(config.window + config.max_scheduled_tokens, config.page_size)
-    return sum(tokens if kind == FULL else min(tokens, window) for kind in config.groups)
+    need = {FULL: tokens, SWA: min(tokens, window), STATE: 2}  # a state group: the state read and the one written
+    return sum(need[kind] for kind in config.groups)
 
 
 def refusal_violation(config: SchedulerConfig, rid: str, prompt_len: int, max_new_tokens: int) -> Violation | None:
@@ -338,11 +354,14 @@ def plan_violations(previous: SchedulerSnapshot, step, now: SchedulerSnapshot) -
 
 def covered_blocks(row: Row, kind: str, window: int, page_size: int) -> range:
     """[SCHED-3] The table entries a row reads or writes: every block up to its last token
-    in a full-attention group; from the first block its window reads in a sliding one.
+    in a full-attention group; from the first block its window reads in a sliding one;
+    in a state group, the state it writes (SCHED-9).
 
     pre: row.start >= 0 and row.tokens >= 1 and window >= 1 and page_size >= 1
     post: len(__return__) >= 1
     """
+    if kind == STATE:
+        return range(1, 2)
     first = 0 if kind == FULL else released_swa_blocks(row.start, window, page_size)
     return range(first, pages_for(row.start + row.tokens, page_size))
 
@@ -383,7 +402,7 @@ def row_release_violations(previous: SchedulerSnapshot, step, now: SchedulerSnap
     plan began or holds after it (releasing it would free nothing then: an engine may
     defer that, deciding row by row from what it saw). Ahead, a table may hold pages
     reserved for tokens to come, but none past the request's token limit: at most
-    `cdiv(prompt_len + max_new_tokens, P)` entries in any group."""
+    `cdiv(prompt_len + max_new_tokens, P)` entries in any attention group."""
     found = []
     config = now.config
     ledger = {request.rid: request for request in (*previous.requests, *now.requests)}
@@ -391,7 +410,7 @@ def row_release_violations(previous: SchedulerSnapshot, step, now: SchedulerSnap
         request = ledger.get(row.rid)
         limit = pages_for(request.prompt_len + request.max_new_tokens, config.page_size) if request else None
         for group, (kind, table) in enumerate(zip(config.groups, row.tables)):
-            if limit is not None and len(table) > limit:
+            if limit is not None and kind != STATE and len(table) > limit:
                 found.append(Violation("SCHED-4", f"request {row.rid}: its group {group} ({kind}) table has "
                                                   f"{len(table)} entries, past its token limit of "
                                                   f"{request.prompt_len + request.max_new_tokens} ({limit} pages): "
@@ -484,6 +503,36 @@ def preemption_violations(previous: SchedulerSnapshot, step, now: SchedulerSnaps
             found.append(Violation("SCHED-7", f"the plan preempts {victim}, which gives back {freed} pages, yet "
                                               f"{now.view.pool.free} pages are free after it: its rows did not need "
                                               f"them"))
+    return found
+
+
+@invariant("SCHED-9", "state")
+def row_state_violations(previous: SchedulerSnapshot, step, now: SchedulerSnapshot) -> list[Violation]:
+    """[SCHED-9] A row of a model with recurrent layers reads the state of exactly the
+    tokens before it (`state_digest` of them: from the empty state, a checkpoint a prefix
+    hit copies, or its own state of the last row), and writes a state no other request's
+    table holds: a state is written by its request alone (a hit copies, never shares)."""
+    if now.plan is None or STATE not in now.config.groups:
+        return []
+    found = []
+    state = now.config.groups.index(STATE)
+    ledger = {request.rid: request for request in previous.requests}
+    for row in now.plan.rows:
+        request = ledger.get(row.rid)
+        if request is not None and request.tokens and row.state_read is not None:
+            expected = state_digest(request.tokens[:row.start])
+            if row.state_read != expected:
+                found.append(Violation("SCHED-9", f"request {row.rid}: the row starts at {row.start}, but the state it "
+                                                  f"reads holds {row.state_read}, not the state of its first "
+                                                  f"{row.start} tokens ({expected})"))
+        if len(row.tables) <= state or len(row.tables[state]) < 2:
+            continue
+        written = row.tables[state][1]
+        holders = sorted(rid for rid, tables in now.view.tables if rid != row.rid
+                         for table in tables if written in table)
+        if written != NULL_BLOCK and holders:
+            found.append(Violation("SCHED-9", f"request {row.rid}: the row writes its state to page {written}, which "
+                                              f"{holders} hold too"))
     return found
 
 

@@ -166,9 +166,36 @@ def test_sched_8_an_empty_plan_while_every_page_is_free_starves_the_waiting():
 
 
 def test_every_check_of_the_tier_is_registered_under_its_clause():
-    """[SCHED-2 .. SCHED-8] The registry runs them on every scheduler snapshot."""
+    """[SCHED-2 .. SCHED-9] The registry runs them on every scheduler snapshot."""
     from kvspec.spec.invariants import applicable
 
     registered = {check.clause for check in applicable(SchedulerSnapshot)}
-    assert registered == {f"SCHED-{n}" for n in range(2, 9)} - {"SCHED-1"}
+    assert registered == {f"SCHED-{n}" for n in range(2, 10)}
     assert violations(applicable(SchedulerSnapshot), snapshot()) == []
+
+
+def test_sched_9_a_row_reads_the_state_of_the_tokens_before_it_and_writes_its_own():
+    """[SCHED-9] Groups full, sliding window and state; `a` has computed its 8-token prompt."""
+    from kvspec.spec.scheduler import STATE, row_state_violations
+    from kvspec.spec.state import state_digest
+
+    config = SchedulerConfig(4, 7, 24, groups=("full", "swa", STATE), max_batch_size=2, max_scheduled_tokens=8)
+    prompt = tuple(range(1, 9))
+    ledger = [ScheduledRequest("a", 8, 8, 1, 8, Status.RUNNING, (*prompt, 50))]
+    tables = ((1, 2, 3), (4, 5, 6), (7, 8))
+
+    def plan_snapshot(read, state_table=(7, 8), others=()):
+        row = Row("a", 8, 1, (*tables[:2], state_table), read)
+        return SchedulerSnapshot(config, tuple(ledger), SchedulerView(PagePool(24, 16, 8), (("a", row.tables),
+                                                                                             *others)), Plan((row,)))
+
+    before = SchedulerSnapshot(config, tuple(ledger), SchedulerView(PagePool(24, 16, 8), (("a", tables),)))
+    right = plan_snapshot(state_digest(prompt))
+    assert row_state_violations(before, None, right) == []
+    stale = row_state_violations(before, None, plan_snapshot(state_digest(prompt[:4])))  # a checkpoint of 4 tokens
+    empty = row_state_violations(before, None, plan_snapshot(state_digest(())))  # the zero state, never advanced
+    shared = row_state_violations(before, None, plan_snapshot(state_digest(prompt),
+                                                              others=(("b", ((9,), (10,), (0, 8))),)))
+    for found in (stale, empty, shared):
+        assert clauses(found) == {"SCHED-9"}, found
+    assert "which ['b'] hold too" in str(shared[0])

@@ -75,7 +75,8 @@ def test_the_worked_example_of_chapter_10_as_tokenspeed_runs_it():
     assert [request.rid for request in driver.previous.requests] == ["a"]  # b ended with its second output
 
 
-@pytest.mark.parametrize("label", ["scheduler P=1 W=3", "scheduler P=4 W=7", "scheduler P=16 W=5"])
+@pytest.mark.parametrize("label", ["scheduler P=1 W=3", "scheduler P=4 W=7", "scheduler P=16 W=5",
+                                   "scheduler+state P=4 W=7"])
 @pytest.mark.parametrize("adapter", ["tokenspeed", "tokenspeed-aborts"])
 def test_tokenspeed_passes_the_scheduler_runs(adapter, label):
     """[SCHED-1 .. SCHED-8] every plan, result and end of random arrivals checked."""
@@ -170,3 +171,30 @@ def test_the_scheduler_vectors_replay_on_tokenspeed():
     for path in vectors:
         result = replay(load(path), load_adapter("tokenspeed"))
         assert result.conforms, f"{path.name}: {result.verdict()}"
+
+
+def test_the_state_a_row_reads_survives_a_retraction_and_a_restore():
+    """[SCHED-9] A state group beside full and sliding window, TokenSpeed retracting a
+    request every third plan: the adapter follows the pages TokenSpeed zeroes, sets aside
+    and restores, and every row reads the state of exactly the tokens before it, also
+    after its request came back on other pages."""
+    from kvspec.spec.scheduler import STATE
+    from kvspec.spec.state import state_digest
+
+    config = SchedulerConfig(4, 7, 40, ("full", "swa", STATE), max_batch_size=2, max_scheduled_tokens=16)
+    scheduler = make_scheduler(config, force_retraction_every=3)
+    tokens = {"a": [1, 2, 3, 4, 5], "b": [6, 7, 8, 9]}
+    for rid, prompt in tokens.items():
+        scheduler.submit(rid, prompt, 8)
+    resumed, reads = 0, 0
+    for _ in range(12):
+        plan = scheduler.plan()
+        resumed += len(plan.resumed)
+        for row in plan.rows:
+            assert row.state_read == state_digest(tokens[row.rid][:row.start]), (row, tokens[row.rid])
+            reads += 1
+            sampled = row.start + row.tokens == len(tokens[row.rid])
+            scheduler.result(row.rid, 0 if sampled else None)
+            if sampled:
+                tokens[row.rid].append(0)
+    assert resumed >= 2 and reads >= 12

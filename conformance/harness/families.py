@@ -49,6 +49,8 @@ class Run:
     """With recurrent state (chapter 09): its checkpoint grid; None: none."""
     scheduler: bool = False
     """The scheduler tier (chapter 10): the implementation's own scheduler plans."""
+    state: bool = False
+    """At the scheduler tier: a recurrent-state group beside the attention groups (SCHED-9)."""
 
     @property
     def tier(self) -> str:
@@ -59,7 +61,7 @@ class Run:
         if self.tier == "allocator":
             return f"allocator P={self.page_size}"
         if self.tier == "scheduler":
-            return f"scheduler P={self.page_size} W={self.window}"
+            return f"scheduler{'+state' if self.state else ''} P={self.page_size} W={self.window}"
         label = f"P={self.page_size} W={self.window} I={self.interval}"
         return f"engine {label}" if self.state_grid is None else f"engine+state {label} G={self.state_grid}"
 
@@ -78,9 +80,12 @@ grid): every position a boundary (SGLang without its extra buffer needs page siz
 and grids of two pages, so that hits and checkpoints fall on and off the grid."""
 SCHEDULER_CONFIGS = ((1, 3), (2, 5), (4, 7), (4, 8), (16, 5))
 """The scheduler tier's runs (page size, window): W % P == 0, 1..P-2, P-1, and P > W."""
+SCHEDULER_STATE_CONFIGS = ((1, 3), (4, 7))
+"""The scheduler tier's runs with a recurrent-state group (page size, window)."""
 RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS),
         *(Run(*config) for config in STATE_CONFIGS),
-        *(Run(*config, scheduler=True) for config in SCHEDULER_CONFIGS))
+        *(Run(*config, scheduler=True) for config in SCHEDULER_CONFIGS),
+        *(Run(*config, scheduler=True, state=True) for config in SCHEDULER_STATE_CONFIGS))
 """Every run a check makes (for the tiers and page sizes an adapter has)."""
 
 

@@ -62,7 +62,8 @@ CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
                 "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed")
 """recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
-show its memory model's snapshot with state; the runs with state need it, and those at a
+show its memory model's snapshot with state; the runs with state need it (at the
+scheduler tier: a state group among the scheduler's groups, SCHED-9), and those at a
 page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
 without its extra buffer). releases_state_at_stop: a finish with a stop that leaves written
 outputs past it frees the working state, which has read them, instead of keeping it as

@@ -121,7 +121,7 @@ class SchedulerDriver:
             if violation := refusal_violation(self.config, rid, len(prompt), max_new_tokens):
                 raise InvariantViolation.of([violation], f"after submit({rid}):")
         else:
-            self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0)
+            self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0, tokens=tuple(prompt))
         self.check(Step("submit", rid, Outcome.OUT_OF_MEMORY if refused else Outcome.OK))
 
     def abort(self, rid: str):
@@ -148,7 +148,7 @@ class SchedulerDriver:
             sampled = samples(request, row)
             token = self.outputs[row.rid][request.outputs] if sampled else None
             self.call("result", row.rid, token)
-            self.ledger[row.rid] = after_result(request, row)
+            self.ledger[row.rid] = after_result(request, row, token)
             self.check(Step("result", row.rid))
         for row in plan.rows:
             request = self.ledger[row.rid]
