@@ -477,12 +477,19 @@ def ended_request_violations(now: SchedulerSnapshot) -> list[Violation]:
     return found
 
 
-def freed_by(victim: str, victims: set[str], tables: dict[str, tuple[tuple[int, ...], ...]]) -> int:
+def freed_by(victim: str, victims: set[str], before: dict[str, tuple[tuple[int, ...], ...]],
+             after: dict[str, tuple[tuple[int, ...], ...]]) -> int:
     """[SCHED-7] The pages preempting `victim` gave back, among those of `victims`: what
-    keeping it would have kept held, the pages it holds that no request but the victims
-    holds."""
-    kept = {page for rid, held in tables.items() if rid not in victims for table in held for page in table}
-    return len({page for table in tables.get(victim, ()) for page in table if page != NULL_BLOCK} - kept)
+    keeping it would have kept held. Of the pages it held before the plan, those that no
+    request but the victims holds on through the plan (one that held it before, and
+    after): a page shared with a request that released it in the same plan (its window
+    moved on) is given back by the preemption too.
+
+    pre: victim in victims
+    """
+    kept = {page for rid, held in before.items() if rid not in victims
+            for table in held for page in table if any(page in other for other in after.get(rid, ()))}
+    return len({page for table in before.get(victim, ()) for page in table if page != NULL_BLOCK} - kept)
 
 
 @invariant("SCHED-7", "scheduling")
@@ -495,10 +502,10 @@ def preemption_violations(previous: SchedulerSnapshot, step, now: SchedulerSnaps
     if now.plan is None or not now.plan.preempted or not now.plan.rows:
         return []
     victims = {preemption.rid for preemption in now.plan.preempted}
-    tables = dict(previous.view.tables)
+    before, after = dict(previous.view.tables), dict(now.view.tables)
     found = []
     for victim in sorted(victims):
-        freed = freed_by(victim, victims, tables)
+        freed = freed_by(victim, victims, before, after)
         if freed and now.view.pool.free >= freed:
             found.append(Violation("SCHED-7", f"the plan preempts {victim}, which gives back {freed} pages, yet "
                                               f"{now.view.pool.free} pages are free after it: its rows did not need "

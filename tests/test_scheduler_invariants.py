@@ -138,8 +138,11 @@ def test_sched_6_only_a_running_request_holds_pages():
 def test_sched_7_a_preemption_must_free_pages_the_rows_need():
     """[SCHED-7] `b` holds 4 pages of its own and 4 shared with `a`."""
     b_tables = ((1, 2, 8, 9), (5, 6, 10, 11))
-    assert freed_by("b", {"b"}, {"a": A_TABLES, "b": b_tables}) == 4
-    assert freed_by("a", {"a", "b"}, {"a": A_TABLES, "b": b_tables}) == 7  # shared with another victim: freed too
+    tables = {"a": A_TABLES, "b": b_tables}
+    assert freed_by("b", {"b"}, tables, tables) == 4
+    assert freed_by("a", {"a", "b"}, tables, {}) == 7  # shared with another victim: freed too
+    # `a` released page 5, which `b` shares, in the same plan: preempting `b` gives it back too
+    assert freed_by("b", {"b"}, tables, {"a": ((1, 2, 3, 4), (0, 6, 7))}) == 5
     ledger = [request(outputs=1, computed=8, status=Status.RUNNING),
               request("b", 11, 2, 1, 11, Status.RUNNING)]
     before = snapshot(ledger, [("a", A_TABLES), ("b", b_tables)], 13, 11)
