@@ -23,8 +23,8 @@ class TOKENSPEED:
     policy_version = "vllm-0.33"  # the one policy of the shared block pool (chapter 08), its closest model
     memory_model = "block-pool"
     capabilities = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "preempts_only_when_needed",
-                    "recurrent_state")
-    """recurrent_state: a `State` group beside full and sliding window (the scheduler+state runs, SCHED-9)."""
+                    "state_group")
+    """state_group: a `State` group beside full and sliding window (the scheduler+state runs, SCHED-9)."""
     preload = "kvspec.adapters.tokenspeed.runtime"
     make_scheduler = staticmethod(make_scheduler)
 

@@ -60,10 +60,9 @@ from . import families
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed")
+                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group")
 """recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
-show its memory model's snapshot with state; the runs with state need it (at the
-scheduler tier: a state group among the scheduler's groups, SCHED-9), and those at a
+show its memory model's snapshot with state; the runs with state need it, and those at a
 page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
 without its extra buffer). releases_state_at_stop: a finish with a stop that leaves written
 outputs past it frees the working state, which has read them, instead of keeping it as
@@ -73,7 +72,9 @@ atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without th
 allocator machine does not try the misuse, and calls alloc_decode only with room.
 preempts_only_when_needed: at the scheduler tier, a plan preempts a request only when its
 rows need the pages (SCHED-7); without it the scheduler runs give every request room of
-its own, so that no plan preempts (page pressure is then not exercised)."""
+its own, so that no plan preempts (page pressure is then not exercised). state_group: at
+the scheduler tier, a recurrent-state group beside the attention groups (the
+scheduler+state runs, SCHED-9)."""
 
 
 class Allocator(HybridAllocatorOperations, Protocol):

@@ -94,7 +94,7 @@ def applies(adapter: Adapter, run: Run) -> bool:
     if run.tier == "allocator":
         return adapter.make_allocator is not None
     if run.tier == "scheduler":
-        return adapter.make_scheduler is not None and (not run.state or "recurrent_state" in adapter.capabilities)
+        return adapter.make_scheduler is not None and (not run.state or "state_group" in adapter.capabilities)
     if adapter.make_engine is None:
         return False
     return run.state_grid is None or ("recurrent_state" in adapter.capabilities
@@ -141,7 +141,7 @@ def skipped_runs(adapter: Adapter, against: str | None = None) -> dict[str, str]
     state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
     read_by = {"allocator": ("swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"),
                "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state),
-               "scheduler": ("preempts_only_when_needed", "recurrent_state")}
+               "scheduler": ("preempts_only_when_needed", "state_group")}
     tiers = [tier for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine),
                                         ("scheduler", adapter.make_scheduler)) if factory is not None]
     for capability in ("page_size_1", "page_size_gt_1", *(c for tier in tiers for c in read_by[tier])):
