@@ -32,8 +32,16 @@ from dataclasses import dataclass
 from kvspec.spec.block_pool import NULL_BLOCK
 from kvspec.spec.lifecycle import admission_match_limit
 from kvspec.spec.outcomes import OutOfMemory
-from kvspec.spec.scheduler import (PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView,
-                                   pages_alone)
+from kvspec.spec.scheduler import (
+    PagePool,
+    Plan,
+    Preempted,
+    Preemption,
+    Row,
+    SchedulerConfig,
+    SchedulerView,
+    pages_alone,
+)
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 

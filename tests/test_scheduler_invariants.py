@@ -5,12 +5,32 @@ by no other."""
 import pytest
 
 from kvspec.spec.registry import violations
-from kvspec.spec.scheduler import (PagePool, Plan, Preempted, Preemption, Row, ScheduledRequest, SchedulerConfig,
-                                   SchedulerSnapshot, SchedulerView, Status, after_plan, after_preemption,
-                                   after_result, covered_blocks, drain_bound, empty_plan_violations, freed_by,
-                                   page_accounting_violations, plan_violations, preemption_violations,
-                                   row_coverage_violations, row_release_violations, samples,
-                                   validate_scheduler_config)
+from kvspec.spec.scheduler import (
+    PagePool,
+    Plan,
+    Preempted,
+    Preemption,
+    Row,
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerSnapshot,
+    SchedulerView,
+    Status,
+    after_plan,
+    after_preemption,
+    after_result,
+    covered_blocks,
+    drain_bound,
+    empty_plan_violations,
+    freed_by,
+    page_accounting_violations,
+    plan_violations,
+    preemption_violations,
+    row_coverage_violations,
+    row_release_violations,
+    samples,
+    validate_scheduler_config,
+)
 
 CONFIG = SchedulerConfig(page_size=4, window=7, pages=24, max_batch_size=2, max_scheduled_tokens=8)
 A_TABLES = ((1, 2, 3, 4), (5, 6, 7))

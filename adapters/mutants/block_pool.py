@@ -14,7 +14,6 @@ from kvspec.conformance.harness.families import Run
 from kvspec.reference.block_pool import BlockPool, KvEvent
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.spec.block_pool import NULL_BLOCK, release_order, released_swa_blocks
-from kvspec.spec.lifecycle import admission_match_limit
 from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
 
 from .seeding import Mutant, with_names

@@ -128,7 +128,7 @@ def run(command: list[str], log: Path, what: str, **kwargs) -> None:
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(command)}\n")
         out.flush()
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False, **kwargs)
         out.write(f"[{what}: {time.monotonic() - started:.1f} s]\n")
     if done.returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
@@ -151,7 +151,7 @@ def check_compiler() -> str:
     if compiler is None:
         raise BuildError(f"no C++ compiler found ({', or '.join(names)} on PATH): TokenSpeed's scheduler is C++20; "
                          f"install one (Debian/Ubuntu: apt-get install g++, GCC 12 or newer) or set CXX")
-    probe = subprocess.run([compiler, "-std=c++20", "-E", "-x", "c++", "-"], input="#include <openssl/sha.h>\n",
+    probe = subprocess.run([compiler, "-std=c++20", "-E", "-x", "c++", "-"], check=False, input="#include <openssl/sha.h>\n",
                            capture_output=True, text=True)
     if probe.returncode != 0:
         raise BuildError(f"{compiler} finds no OpenSSL headers (<openssl/sha.h>), which the scheduler needs: install "
@@ -269,7 +269,7 @@ def check_switches(target: Path) -> None:
     from .bugs import BY_SLUG
 
     probe = "import tokenspeed_scheduler as ts; print(' '.join(ts._ext.kvspec_seeded_bugs()))"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(target)})
     if done.returncode != 0:
         raise BuildError(f"the build in {target} does not import here:\n{done.stderr.strip()[-1500:]}")

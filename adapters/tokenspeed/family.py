@@ -19,7 +19,7 @@ from kvspec.conformance.harness.families import Family, Run
 
 from . import TOKENSPEED, make_scheduler
 from .bugs import BUGS, SeededBug, select
-from .builds import INSTALL_COMMAND, activate, installed
+from .builds import INSTALL_COMMAND, activate
 
 LEFT_OUT = {"admission-refuses-exact-fit": "chapter 10 sees it only rarely (SCHED-7 in one ci run of two): "
                                            "within max_new_tokens it only delays an admission"}
@@ -35,12 +35,12 @@ def make_seeded(config, slug: str):
 
 
 def member(bug: SeededBug) -> type:
-    return type(f"TOKENSPEED_{bug.slug.replace('-', '_').upper()}", (TOKENSPEED,), dict(
-        __doc__=f"{bug.breaks}\n\nSeeded at {bug.site}: {bug.change}. After: {bug.analogy}",
-        name=f"tokenspeed-mutant-{bug.slug}", clause=bug.clause, invariant_class=bug.invariant_class,
-        exposed_by=EXPOSED_BY,
-        preload=("kvspec.adapters.tokenspeed.build_preload", TOKENSPEED.preload),
-        make_scheduler=staticmethod(partial(make_seeded, slug=bug.slug))))
+    return type(f"TOKENSPEED_{bug.slug.replace('-', '_').upper()}", (TOKENSPEED,), {
+        "__doc__": f"{bug.breaks}\n\nSeeded at {bug.site}: {bug.change}. After: {bug.analogy}",
+        "name": f"tokenspeed-mutant-{bug.slug}", "clause": bug.clause, "invariant_class": bug.invariant_class,
+        "exposed_by": EXPOSED_BY,
+        "preload": ("kvspec.adapters.tokenspeed.build_preload", TOKENSPEED.preload),
+        "make_scheduler": staticmethod(partial(make_seeded, slug=bug.slug))})
 
 
 class Members(Mapping):

@@ -8,7 +8,7 @@ import os
 # them as a preemption of the plan, so by default only errors are printed.
 os.environ.setdefault("SPDLOG_LEVEL", "error")
 
-import tokenspeed_scheduler as ts  # noqa: E402 - after the log level
+import tokenspeed_scheduler as ts
 
 AttnKind = ts.AttnKind
 CacheGroupConfig = ts.CacheGroupConfig

@@ -26,9 +26,19 @@ from typing import Any
 
 from kvspec.spec.models import MemoryModel, model_of_snapshot
 from kvspec.spec.outcomes import Outcome, OutOfMemory
-from kvspec.spec.scheduler import (Plan, SchedulerConfig, SchedulerSnapshot, SchedulerView, ScheduledRequest,
-                                   after_plan, after_result, drain_bound, progress_violation, refusal_violation,
-                                   samples)
+from kvspec.spec.scheduler import (
+    Plan,
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerSnapshot,
+    SchedulerView,
+    after_plan,
+    after_result,
+    drain_bound,
+    progress_violation,
+    refusal_violation,
+    samples,
+)
 from kvspec.spec.snapshot import Step
 
 from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally

@@ -21,8 +21,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.spec.models import with_state
 from kvspec.spec.block_pool import FULL, SWA
+from kvspec.spec.models import with_state
 from kvspec.spec.scheduler import STATE, SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
