@@ -145,12 +145,17 @@ class ReferenceScheduler:
             victims += marked
             planned.append((request, tokens))
             budget.spend(tokens)
-        for victim in reversed(list(victims)):  # spare those the plan does not need after all
+        return planned, self.spare(victims, free)
+
+    def spare(self, victims: list[BlockRequest], free: int) -> list[BlockRequest]:
+        """The victims less those the plan turns out not to need, `free` blocks being left
+        once every victim's are counted: the latest marked first (SCHED-7)."""
+        for victim in reversed(list(victims)):
             spared = [other for other in victims if other is not victim]
             if free >= self.freed(victims, spared):
                 free -= self.freed(victims, spared)
                 victims = spared
-        return planned, victims
+        return victims
 
     def freed(self, victims: list[BlockRequest], already: list[BlockRequest]) -> int:
         """The blocks preempting `victims` frees beyond what preempting `already` (a part of

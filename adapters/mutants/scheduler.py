@@ -109,31 +109,8 @@ class FINISH_NEVER_RELEASES(Mutant, slug="finish-never-releases", scheduler=Fini
 
 
 class GreedyPreemption(ReferenceScheduler):
-    def plan_running(self, running, budget):
-        """BUG: each row marks its victims as it goes, and a victim an earlier row marked
-        is never reconsidered when a later victim turns out to make room for both."""
-        free = self.engine.pool.free_count
-        planned, victims = [], []
-        for request in running:
-            if request in victims or not budget.allows():
-                continue
-            tokens = min(len(request.tokens) - request.computed, budget.tokens)
-            while tokens > 1 and self.engine.blocks_needed(request, tokens) > free:
-                tokens -= 1
-            need = self.engine.blocks_needed(request, tokens)
-            forwarded = {planned_request.rid for planned_request, _ in planned}
-            candidates = [other for other in running if other is not request and other.rid not in forwarded
-                          and other not in victims]
-            marked = []
-            while need > free + self.freed(victims + marked, victims) and candidates:
-                marked.append(candidates.pop())
-            if need > free + self.freed(victims + marked, victims):
-                continue
-            free += self.freed(victims + marked, victims) - need
-            victims += marked
-            planned.append((request, tokens))
-            budget.spend(tokens)
-        return planned, victims
+    def spare(self, victims, free):
+        return victims  # BUG: a victim marked for one row is kept when a later one made room for both
 
 
 class GREEDY_PREEMPTION(Mutant, slug="greedy-preemption", scheduler=GreedyPreemption):

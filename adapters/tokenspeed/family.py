@@ -12,10 +12,9 @@ delays an admission, which chapter 10 does not forbid; SCHED-7 saw it in one ci 
 (bugs.py).
 """
 
-from collections.abc import Mapping
 from functools import partial
 
-from kvspec.conformance.harness.families import Family, Run
+from kvspec.conformance.harness.families import Family, PreparedMembers, Run
 
 from . import TOKENSPEED, make_scheduler
 from .bugs import BUGS, SeededBug, select
@@ -43,33 +42,9 @@ def member(bug: SeededBug) -> type:
         "make_scheduler": staticmethod(partial(make_seeded, slug=bug.slug))})
 
 
-class Members(Mapping):
-    """The family's members; looking one up activates the patched build in this process."""
-
-    def __init__(self):
-        self.members = {bug.slug: member(bug) for bug in BUGS if bug.slug not in LEFT_OUT}
-
-    def __getitem__(self, slug: str) -> type:
-        adapter = self.members[slug]
-        activate()
-        return adapter
-
-    def items(self):
-        """Each member's declarations, the build left alone (clause coverage reads them
-        where the build is not installed)."""
-        return self.members.items()
-
-    def __contains__(self, slug) -> bool:
-        return slug in self.members
-
-    def __iter__(self):
-        return iter(self.members)
-
-    def __len__(self):
-        return len(self.members)
-
-
-MEMBERS = Members()
+MEMBERS = PreparedMembers({bug.slug: member(bug) for bug in BUGS if bug.slug not in LEFT_OUT},
+                          lambda adapter: activate())
+"""Looking a member up activates the patched build in this process."""
 FAMILY = Family(prefix="tokenspeed-mutant-", implementation="tokenspeed", shown_as="TokenSpeed's patched build",
                 members_at="kvspec.adapters.tokenspeed.family:MEMBERS", left_out_at="kvspec.adapters.tokenspeed.family:LEFT_OUT",
                 install=INSTALL_COMMAND, installed_at="kvspec.adapters.tokenspeed.builds:installed")

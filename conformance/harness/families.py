@@ -18,6 +18,7 @@ adapters, such as every release of an engine.
 import importlib
 import importlib.util
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -138,6 +139,33 @@ class Family:
 
     def left_out(self) -> dict[str, str]:
         return load(self.left_out_at) if self.left_out_at else {}
+
+
+class PreparedMembers(Mapping):
+    """A family's members (slug -> adapter) whose lookup first prepares this process for
+    the member (`prepare(adapter)`: make its release or build the one `import` finds,
+    before the harness starts its forkserver). Iterating and `items()` prepare nothing, so
+    that clause coverage reads the declarations where the engine is not installed."""
+
+    def __init__(self, members: dict[str, Any], prepare: Callable[[Any], None]):
+        self.members, self.prepare = members, prepare
+
+    def __getitem__(self, slug: str) -> Any:
+        adapter = self.members[slug]
+        self.prepare(adapter)
+        return adapter
+
+    def items(self):
+        return self.members.items()
+
+    def __contains__(self, slug) -> bool:
+        return slug in self.members
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def __len__(self):
+        return len(self.members)
 
 
 def load(target: str) -> Any:

@@ -21,11 +21,10 @@ retention `W + P` in 0.5.14 (`design-margin`; `drop-margin` with that knob),
 `max(W, P)` in 0.5.15 - 0.5.22 (`max-window-page`), `ceil_page(max(W, P))` in 0.5.23.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from kvspec.conformance.harness.families import Family
+from kvspec.conformance.harness.families import Family, PreparedMembers
 
 from .environment import RELEASES, activate, install_command
 
@@ -148,30 +147,10 @@ def members() -> dict[str, type]:
     return found
 
 
-class Members(Mapping):
-    """The family's members; looking one up makes its release this process's SGLang
-    (environment.activate) before the harness starts its forkserver, whose preload then
-    activates the same release (KVSPEC_SGLANG_RELEASE), so every worker imports it too."""
-
-    def __init__(self):
-        self.members = members()
-
-    def __getitem__(self, slug: str) -> type:
-        adapter = self.members[slug]
-        activate(adapter.release)
-        return adapter
-
-    def __contains__(self, slug) -> bool:
-        return slug in self.members
-
-    def __iter__(self):
-        return iter(self.members)
-
-    def __len__(self):
-        return len(self.members)
-
-
-MEMBERS = Members()
+MEMBERS = PreparedMembers(members(), lambda adapter: activate(adapter.release))
+"""The family's members; looking one up makes its release this process's SGLang
+(environment.activate) before the harness starts its forkserver, whose preload then
+activates the same release (KVSPEC_SGLANG_RELEASE), so every worker imports it too."""
 FAMILY = Family(prefix="sglang@", implementation="sglang", shown_as="SGLang's releases",
                 members_at="kvspec.adapters.sglang.releases.catalog:MEMBERS", seeded=False,
                 install=install_command("RELEASE"))
