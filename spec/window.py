@@ -217,6 +217,20 @@ def promises_insert_window(version: str) -> bool:
     return version in (SGLANG_0_5_23, DESIGN_MARGIN)
 
 
+def insert_window_at_risk(version: str, window: int, page_size: int) -> bool:
+    """[WIN-2, I10] Whether a checkpoint's inserted leaf can keep fewer than W live tokens
+    under `version`: drop-margin when `1 <= W % P <= P - 2`, max-window-page there once
+    `W > P` (below a page its retention is the page); never under a version that promises
+    the insert window, nor without prefix sharing (no leaf is inserted).
+
+    pre: window >= 1 and page_size >= 1
+    post: not __return__ or not promises_insert_window(version)
+    """
+    if version not in (DROP_MARGIN, MAX_WINDOW_PAGE):
+        return False
+    return 1 <= window % page_size <= page_size - 2 and (version == DROP_MARGIN or window > page_size)
+
+
 def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: Position,
                         window: int, page_size: int, version: str) -> tuple[Position, Position]:
     """[I10, WIN-4] The insert end and the cursor of a checkpoint of an unfinished

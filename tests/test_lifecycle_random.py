@@ -6,8 +6,10 @@ chosen for their arithmetic, every invariant checked after every step.
     without prefix sharing pass at W % P != 0, W % P == P - 1, P > W, P == 1 and W % P
     == 0, with decode eviction intervals 1, 4 and 128;
   * drop-margin (retention W) breaks the insert boundary [I10] exactly when
-    1 <= W % P <= P - 2 (docs/engines/sglang.md §3.9): the machine must find the violation there, and
-    must not where W % P is 0 or P - 1.
+    1 <= W % P <= P - 2 (docs/engines/sglang.md §3.9), and max-window-page (retention
+    max(W, P), SGLang 0.5.15 - 0.5.22) there once W > P (spec/05-window.md, WIN-2): the
+    machine must find the violation where `insert_window_at_risk` says so, and must not
+    elsewhere.
 
 Failing runs are not shrunk (only the verdict matters here), so a run that finds its
 bug stops at once.
@@ -23,7 +25,15 @@ from kvspec.conformance.harness.profiles import profile
 from kvspec.reference.engine import Engine
 from kvspec.spec.outcomes import Outcome
 from kvspec.spec.snapshot import EngineConfig, Step
-from kvspec.spec.window import DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, SGLANG_0_5_23, Policy
+from kvspec.spec.window import (
+    DESIGN_MARGIN,
+    DROP_MARGIN,
+    MAX_WINDOW_PAGE,
+    NO_PREFIX_SHARING,
+    SGLANG_0_5_23,
+    Policy,
+    insert_window_at_risk,
+)
 
 QUICK = settings(profile("quick"), database=None)
 UNTIL_FOUND = settings(QUICK, max_examples=1000, phases=[Phase.explicit, Phase.generate])
@@ -65,25 +75,28 @@ def test_random_lifecycles_keep_every_invariant(page_size, window, interval, ver
     assert machine.examples >= 1 and machine.steps > machine.examples
 
 
-DROP_MARGIN_BREAKS = [(4, 5), (4, 6), (4, 2), (8, 13)]
-"""1 <= W % P <= P - 2."""
-DROP_MARGIN_KEEPS = [(4, 7), (4, 8), (4, 3), (2, 5)]
-"""W % P in {0, P - 1} (with P <= 2 every W is one of them)."""
+SHORT_LEAF_BREAKS = [(DROP_MARGIN, 4, 5), (DROP_MARGIN, 4, 6), (DROP_MARGIN, 4, 2), (DROP_MARGIN, 8, 13),
+                     (MAX_WINDOW_PAGE, 4, 6), (MAX_WINDOW_PAGE, 8, 13)]
+"""1 <= W % P <= P - 2 (and W > P for max-window-page)."""
+SHORT_LEAF_KEEPS = [(DROP_MARGIN, 4, 7), (DROP_MARGIN, 4, 8), (DROP_MARGIN, 4, 3), (DROP_MARGIN, 2, 5),
+                    (MAX_WINDOW_PAGE, 4, 7), (MAX_WINDOW_PAGE, 4, 2), (MAX_WINDOW_PAGE, 16, 5)]
+"""W % P in {0, P - 1} (with P <= 2 every W is one of them), or max-window-page below a page."""
 
 
-@pytest.mark.parametrize("page_size, window", DROP_MARGIN_BREAKS)
-def test_drop_margin_breaks_the_insert_boundary(page_size, window):
+@pytest.mark.parametrize("version, page_size, window", SHORT_LEAF_BREAKS)
+def test_a_retention_without_the_page_margin_breaks_the_insert_boundary(version, page_size, window):
     """[I10] A checkpoint's new leaf keeps fewer than min(W, E) live tokens: unmatchable."""
-    assert 1 <= window % page_size <= page_size - 2
+    assert insert_window_at_risk(version, window, page_size)
     with pytest.raises(Exception) as found:
-        run(page_size, window, Policy(DROP_MARGIN, 4), UNTIL_FOUND)
+        run(page_size, window, Policy(version, 4), UNTIL_FOUND)
     assert "[I10]" in failure_text(found.value), failure_text(found.value)
 
 
-@pytest.mark.parametrize("page_size, window", DROP_MARGIN_KEEPS)
-def test_drop_margin_keeps_the_insert_boundary_when_the_window_allows(page_size, window):
-    assert window % page_size in (0, page_size - 1)
-    run(page_size, window, Policy(DROP_MARGIN, 4))
+@pytest.mark.parametrize("version, page_size, window", SHORT_LEAF_KEEPS)
+def test_a_retention_without_the_page_margin_keeps_the_insert_boundary_where_the_window_allows(
+        version, page_size, window):
+    assert not insert_window_at_risk(version, window, page_size)
+    run(page_size, window, Policy(version, 4))
 
 
 # -- counterexamples the machine found, replayed -------------------------------------------------
