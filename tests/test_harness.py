@@ -18,6 +18,7 @@ from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.reports.json_report import validate_json
 from kvspec.conformance.reports.model import SCHEMAS
+from kvspec.conformance.runs.vectors import INDEX
 from kvspec.spec.window import Policy
 
 TESTS = Path(__file__).resolve().parent
@@ -167,12 +168,12 @@ def test_a_seeded_bug_exits_1_with_a_trace_that_replay_reproduces(slug, tmp_path
 
 # -- conformance vectors ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("vectors") / "corpus"
-    result = kvspec("vectors", "--out", str(out), cwd=out.parent)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out
+def test_the_committed_vectors_are_current(corpus):
+    """vectors/ is what `kvspec vectors --out vectors/` writes now (its index names each
+    file with its SHA-256): regenerate it after a change of the reference or the vectors."""
+    committed = TESTS.parent / "vectors"
+    assert json.loads((corpus / INDEX).read_text()) == json.loads((committed / INDEX).read_text()), \
+        "vectors/ is stale: run `kvspec vectors --out vectors/`"
 
 
 def test_the_vectors_cover_the_walkthroughs_every_policy_and_both_tiers(corpus):

@@ -432,18 +432,3 @@ def test_the_differential_never_compares_block_ids():
     """[OBS-3] Other block ids, the same observables: the comparison passes."""
     differential(ReversedIds, 40)
 
-
-# -- the committed vectors ---------------------------------------------------------------------------
-
-def test_the_committed_vectors_are_current(tmp_path):
-    """vectors/ is what `kvspec vectors --out vectors/` writes now (its index names each
-    file with its SHA-256): regenerate it after a change of the reference or the vectors."""
-    import json
-    from pathlib import Path
-
-    from kvspec.conformance.runs.vectors import INDEX, write_corpus
-
-    write_corpus(tmp_path, progress=lambda line: None)
-    committed = Path(__file__).parent.parent / "vectors"
-    assert json.loads((tmp_path / INDEX).read_text()) == json.loads((committed / INDEX).read_text()), \
-        "vectors/ is stale: run `kvspec vectors --out vectors/`"

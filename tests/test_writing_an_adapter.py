@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from kvspec.conformance.harness import families
-from kvspec.conformance.runs.vectors import INDEX, write_corpus
+from kvspec.conformance.runs.vectors import INDEX
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "writing-an-adapter.md"
@@ -94,12 +94,11 @@ def test_every_repository_path_the_page_cites_exists():
     assert not [path for path in paths if not (REPO / path).exists()]
 
 
-def test_the_quoted_trace_lines_are_lines_of_a_real_corpus(tmp_path):
+def test_the_quoted_trace_lines_are_lines_of_a_real_corpus(corpus):
     """Every line of the page's ```json blocks is a line `kvspec vectors` writes (the
     header's kvspec_version aside), and the page gives the corpus's size."""
-    write_corpus(tmp_path, progress=lambda line: None)
     written = {json.dumps({k: v for k, v in json.loads(line).items() if k != "kvspec_version"}, sort_keys=True)
-               for path in tmp_path.glob("*.jsonl") for line in path.read_text().splitlines()}
+               for path in corpus.glob("*.jsonl") for line in path.read_text().splitlines()}
     text = PAGE.read_text()
     quoted = [line for block in re.findall(r"^```json\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
               for line in block.splitlines() if line.strip()]
@@ -107,5 +106,5 @@ def test_the_quoted_trace_lines_are_lines_of_a_real_corpus(tmp_path):
     for line in quoted:
         line = {k: v for k, v in json.loads(line).items() if k != "kvspec_version"}
         assert json.dumps(line, sort_keys=True) in written, line
-    count = len(json.loads((tmp_path / INDEX).read_text())["vectors"])
+    count = len(json.loads((corpus / INDEX).read_text())["vectors"])
     assert f"writes {count} traces" in text
