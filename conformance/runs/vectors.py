@@ -115,10 +115,8 @@ def sampled(machine, count: int, seed: int) -> list[tuple[dict, list[TraceStep]]
             examples[-1][1].append(payload)
 
     machine.journal = journal
-    # derandomize=False explicitly: under CI=true Hypothesis' `ci` profile, the default there,
-    # derandomizes, which would ignore the seed
     run_settings = settings(max_examples=2 * count, stateful_step_count=40, database=None, deadline=None,
-                            derandomize=False, suppress_health_check=list(HealthCheck))
+                            suppress_health_check=list(HealthCheck))
     # the reference conforms: no failure; run_state_machine_as_test reads the seed from the class
     run_state_machine_as_test(hypothesis_seed(seed)(machine), settings=run_settings)
     return [example for example in examples if len(example[1]) >= MIN_STEPS][:count]
