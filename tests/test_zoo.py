@@ -46,6 +46,22 @@ def test_a_passing_mutant_and_a_wrongly_classed_one_fail_the_zoo(tmp_path):
     validate_json(to_json(results, "quick", 0, "2026-11-30T00:00:00Z", 1.0))
 
 
+def test_a_zoo_document_of_any_registered_implementation_validates(tmp_path):
+    """The report names whose code a bug is seeded in: any family's implementation, a compiled
+    engine's (TokenSpeed's seeded build) or a package's own, not a fixed list (CI's
+    TokenSpeed zoo failed on one)."""
+    stale = MUTANTS["stale-mapping"]
+    results = run_zoo([specimen(stale.name, "mapping", "I5", stale.exposed_by)], "quick", 0, str(tmp_path),
+                      workers=1, step_timeout=60, progress=lambda *args, **kwargs: None)
+    document = to_json(results, "quick", 0, "2026-11-30T00:00:00Z", 1.0)
+    for implementation in ("tokenspeed", "an-engine-of-its-own"):
+        document["mutants"][0]["implementation"] = implementation
+        validate_json(document)
+    document["mutants"][0]["implementation"] = ""
+    with pytest.raises(jsonschema.ValidationError):
+        validate_json(document)
+
+
 def test_a_malformed_zoo_document_is_rejected():
     with pytest.raises(jsonschema.ValidationError):
         validate_json({"schema": "https://kvspec.dev/schemas/zoo/1", "mutants": []})
