@@ -266,6 +266,7 @@ def drain_bound(requests: Sequence[ScheduledRequest], outputs: Sequence[int], ma
 
     pre: len(outputs) == len(requests) and max_scheduled_tokens >= 1
     pre: all(count >= 0 for count in outputs)
+    pre: all(0 <= request.computed <= request.known for request in requests)
     post: __return__ >= 16
     """
     work = sum(request.known - request.computed + left for request, left in zip(requests, outputs))
@@ -278,7 +279,7 @@ def pages_alone(config: SchedulerConfig, prompt_len: int, max_new_tokens: int) -
     more than one plan's chunk and the window before it, rounded out to pages on both
     sides (`1 + cdiv(W + max_scheduled_tokens, P)`); in a state group two (SCHED-9).
 
-    pre: config.page_size >= 1 and config.window >= 1 and config.max_scheduled_tokens >= 1
+    pre: not validate_scheduler_config(config)
     pre: prompt_len >= 1 and max_new_tokens >= 1
     post: __return__ >= len(config.groups)
     """
