@@ -1,13 +1,10 @@
 """Fixtures that more than one test module uses."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-KVSPEC = shutil.which("kvspec") or str(Path(sys.executable).with_name("kvspec"))
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +14,7 @@ def corpus(tmp_path_factory) -> Path:
     run there (measured: the committed-vectors test failed in full-suite runs, never
     alone), while the command, in a fresh process, writes the same corpus every time."""
     out = tmp_path_factory.mktemp("vectors") / "corpus"
-    result = subprocess.run([KVSPEC, "vectors", "--out", str(out)], check=False, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "vectors", "--out", str(out)], check=False,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
