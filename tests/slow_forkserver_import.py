@@ -1,4 +1,4 @@
-"""A slow import for the forkserver's preload (tests/test_hostile_input.py): it marks
+"""A slow import for the forkserver's preload (tests/test_worker_lifetime.py): it marks
 the working directory when it starts, then takes a few seconds, as torch's import does."""
 
 import time
