@@ -7,7 +7,6 @@ adapters/tokenspeed/requirements.txt`), unless KVSPEC_REQUIRE_TOKENSPEED=1."""
 
 import importlib.util
 import os
-from dataclasses import replace
 
 import pytest
 
@@ -20,7 +19,6 @@ from kvspec.adapters.tokenspeed.divergences import KNOWN_DIVERGENCES
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay
 from kvspec.spec.clauses import load_clauses
-from kvspec.spec.scheduler import STATE
 
 CASES = [(d, adapter) for d in KNOWN_DIVERGENCES for adapter in d.adapters]
 
@@ -34,25 +32,19 @@ def test_the_divergence_still_reproduces(divergence, adapter):
     assert set(result.failure.clauses) & set(divergence.clauses)
 
 
-def test_tokenspeed_1_needs_the_state_group():
-    """[SCHED-7] TOKENSPEED-1's steps with full and sliding-window groups alone conform on
-    the adapters that press on the pool: the state group's unreserved pages make the
-    pressure (and those adapters have no state group)."""
-    trace = next(d for d in KNOWN_DIVERGENCES if d.id == "TOKENSPEED-1").trace()
-    without_state = replace(trace, config={**trace.config, "groups": [g for g in trace.config["groups"] if g != STATE]},
-                            steps=tuple(replace(step, violated=(), message=None) for step in trace.steps))
-    for adapter in ("tokenspeed", "tokenspeed-aborts"):
-        assert replay(without_state, load_adapter(adapter)).conforms, adapter
+@pytest.mark.parametrize("divergence", KNOWN_DIVERGENCES, ids=[d.id for d in KNOWN_DIVERGENCES])
+def test_the_adapter_that_presses_on_the_pool_takes_the_same_steps_without_it(divergence):
+    """[SCHED-7] What the adapters steer by is what makes the difference: tokenspeed-aborts
+    (no snapshot pool), whose runs press on the pool, conforms on the same steps."""
+    assert replay(divergence.trace(), load_adapter("tokenspeed-aborts")).conforms
 
 
 def test_the_adapters_steer_as_the_entries_say():
-    """The adapters that press on the pool have no state group; the one with a state
-    group gives every request room (no preempts_only_when_needed)."""
-    for name in ("tokenspeed", "tokenspeed-aborts"):
-        capabilities = load_adapter(name).capabilities
-        assert "preempts_only_when_needed" in capabilities and "state_group" not in capabilities, name
-    capabilities = load_adapter("tokenspeed-state").capabilities
-    assert "state_group" in capabilities and "preempts_only_when_needed" not in capabilities
+    """The retracting build gives every request room (no preempts_only_when_needed); the
+    aborting one presses on the pool. Both have the state group."""
+    assert "preempts_only_when_needed" not in load_adapter("tokenspeed").capabilities
+    assert "preempts_only_when_needed" in load_adapter("tokenspeed-aborts").capabilities
+    assert all("state_group" in load_adapter(name).capabilities for name in ("tokenspeed", "tokenspeed-aborts"))
 
 
 def test_every_entry_is_complete():

@@ -15,7 +15,7 @@ from pathlib import Path
 from kvspec.adapters.divergence import KnownDivergence, main
 from kvspec.conformance.harness.scheduler_machine import scheduler_config_json
 from kvspec.spec.block_pool import FULL, SWA
-from kvspec.spec.scheduler import STATE, SchedulerConfig
+from kvspec.spec.scheduler import SchedulerConfig
 
 
 def submit(rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int]) -> tuple[str, dict]:
@@ -23,52 +23,43 @@ def submit(rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int])
 
 
 STEP = ("step", {})
-STEPS_1 = (
-    submit("r1", [1], 5, [0] * 5), *[STEP] * 5,
-    submit("r2", [0, 2, 0, 0, 0, 0, 0, 0], 5, [0] * 5), STEP,
-    submit("r3", [0, 2, 0, 0, 0], 5, [0] * 5), submit("r4", [0, 2, 0, 1, 0, 0, 0, 0, 0], 6, [0] * 5), *[STEP] * 4,
-    submit("r5", [0, 2, 0, 1, 0, 0, 0, 0, 0], 6, [0] * 5), STEP,
-    submit("r6", [0, 2, 0, 0], 6, [0] * 5), *[STEP] * 4,
-    submit("r7", [0], 5, [0] * 5), *[STEP] * 4,
-    submit("r8", [0], 5, [2, 0, 0, 0, 0]), *[STEP] * 4,
-    submit("r9", [0], 7, [2, 0, 0, 0, 0]), *[STEP] * 4,
-)
-"""TOKENSPEED-1's steps, as `kvspec check` shrank them (scheduler+state P=1 W=3, CI's seed)."""
 TokenSpeedDivergence = partial(KnownDivergence, folder=Path(__file__).parent / "divergences")
 """Upstream paths are those of the tokenspeed-scheduler 0.1.42 sdist (csrc/...)."""
 
 KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
     TokenSpeedDivergence(
-        "TOKENSPEED-1", ("SCHED-7",), "with a state group, a retraction where the plan's own page dedup would "
-        "have made room",
+        "TOKENSPEED-1", ("SCHED-7",), "a retraction where the plan's own page dedup would have made room",
         "A decode row whose last token completed a page publishes that page to the prefix cache in the same "
-        "admission that grows its tables; where the page's tokens are already cached, the publication dedups it "
-        "(the table names the cached page instead, and the row's own page is freed). TokenSpeed's admission "
-        "checks that the growth fits before that publication, and counts none of the pages it frees: with no "
-        "page free, the decodes cannot grow, the round runs nothing, and the empty-round retraction sets a "
-        "running request aside; the decodes then run, their dedup frees their own copies, and the plan ends with "
-        "as many pages free as the retraction gave back. Published first, the freed copies would have served the "
-        "rows, and the retracted request (its image copied out and back) could have kept running. With a "
-        "`State` group every first decode rotates the request's state onto a fresh page, which admission did not "
-        "reserve, so decodes need pages and this is reached; in runs of full and sliding-window groups alone, "
-        "where admission reserves every page a decode needs, it was never met (seven ci-profile checks of both "
-        "adapters). Trace (P=1, W=3, 41 pages, a state group): r8 and r9 decode on shared pages with no page "
-        "free; the plan retracts r5 (21 pages given back), r9's dedup frees 2 of its pages, and 21 are free "
-        "after the plan.",
+        "admission that grows its tables; where those tokens are cached already, the publication dedups the page "
+        "(the table names the cached page instead, and the row's own copy is freed). The admission's fit counts "
+        "empty pages, the request's own expired ones and evictable cache entries, not the copies its publication "
+        "will free: with no page free, the decodes cannot grow, the round runs nothing, and the empty-round "
+        "retraction sets a running request aside; then the decodes run, their dedup frees their copies, and the "
+        "plan ends with as many pages free as the retraction gave back. Published first, the copies would have "
+        "served the rows, and the retracted request (its image copied out and back) could have kept running. "
+        "Trace (P=2, W=5, 28 pages, every token 0): r1 (16 tokens) and two one-token requests r2 and r3, which "
+        "decode on pages holding what r1's first pages hold; with no page free, r2 and r3 each need one "
+        "sliding-window page, the plan retracts r1 (15 pages), their publication dedups 3 of their pages onto "
+        "r1's, and 15 pages are free after the plan. Found by CI's ci-profile check at random seeds, with and "
+        "without a state group (shrunk from seed 11 of `scheduler P=2 W=5`); in 13 checks of these runs it "
+        "showed at 3 seeds with a snapshot pool, and at none without one (tokenspeed-aborts: the capacity abort "
+        "is reached by the same empty-round path, but its admissions set pages aside differently; not "
+        "investigated further).",
         "csrc/scheduler/operations/forward.cpp:656-672 scheduleDecode (a decode with completed pages admits "
         "through admitWithKvEventTracking, growth and publication together); csrc/cache/coordinator/"
-        "cache_admission.cpp:606-613 AdmissionPlanner::fits (empty parents, reclaimable and evictable blocks; "
-        "no block the publication will dedup); csrc/cache/prefix/prefix_index.h:139-157 RegisterFullBlocks (\"a "
-        "block that dedupes against an existing canonical entry is replaced in place\"); csrc/scheduler/"
-        "operations/forward.cpp:966-1060 maybeRetractForCapacity (the empty-round retraction, then the round's "
-        "decodes)",
-        "scheduler", scheduler_config_json(SchedulerConfig(1, 3, 41, (FULL, SWA, STATE), max_batch_size=3,
-                                                           max_scheduled_tokens=10)),
-        STEPS_1,
-        adapters=("tokenspeed-state",),
-        steered_by="the capability preempts_only_when_needed, which tokenspeed-state (the adapter with a state "
-                   "group) lacks: its runs give every request room of its own; tokenspeed and tokenspeed-aborts, "
-                   "which press on the pool, have no state group"),
+        "cache_admission.cpp:607-614 AdmissionPlanner::fits (empty parents, the request's reclaimable and the "
+        "cache's evictable blocks; no block the publication will dedup); csrc/cache/prefix/prefix_index.h:140-157 "
+        "RegisterFullBlocks (\"a block that dedupes against an existing canonical entry is replaced in place\"); "
+        "csrc/scheduler/operations/forward.cpp:967-1063 maybeRetractForCapacity (the empty-round retraction, "
+        "then the round's decodes)",
+        "scheduler", scheduler_config_json(SchedulerConfig(2, 5, 28, (FULL, SWA), max_batch_size=3,
+                                                           max_scheduled_tokens=8)),
+        (submit("r1", [0] * 16, 9, [0] * 9), submit("r2", [0], 9, [0] * 9), submit("r3", [0], 9, [0] * 9),
+         ("drain", {})),
+        adapters=("tokenspeed",),
+        steered_by="the capability preempts_only_when_needed, which tokenspeed (a snapshot pool: it retracts) "
+                   "lacks: its runs give every request room of its own; tokenspeed-aborts, which presses on the "
+                   "pool, takes the same steps without it"),
 )
 
 
