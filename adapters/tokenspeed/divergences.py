@@ -22,7 +22,6 @@ def submit(rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int])
     return "submit", {"rid": rid, "prompt": prompt, "max_new_tokens": max_new_tokens, "outputs": outputs}
 
 
-STEP = ("step", {})
 TokenSpeedDivergence = partial(KnownDivergence, folder=Path(__file__).parent / "divergences")
 """Upstream paths are those of the tokenspeed-scheduler 0.1.42 sdist (csrc/...)."""
 
