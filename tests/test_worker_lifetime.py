@@ -97,6 +97,18 @@ def process_group_gone(group: int) -> bool:
     return False
 
 
+def take_ctrl_c() -> None:
+    """Run in the child before exec: Ctrl-C's default disposition. A shell that starts the
+    test run in the background without job control makes it ignore SIGINT, and an ignored
+    signal stays ignored across exec: the harness under test would never see the Ctrl-C
+    these tests send (a rehearsal of CI started with `&` failed that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# its own process group that takes Ctrl-C, as a job started from a terminal
+AS_A_TERMINAL_JOB = {"start_new_session": True, "preexec_fn": take_ctrl_c}
+
+
 @pytest.mark.parametrize("signal_number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_check_writes_the_runs_that_finished_marked_interrupted(tmp_path, signal_number, status):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to
@@ -111,7 +123,7 @@ def test_an_interrupted_check_writes_the_runs_that_finished_marked_interrupted(t
                "--no-shrink", "--run", "engine P=4 W=6 I=4", "--run", "engine P=1 W=3 I=4",
                "--json", "r.json", "--junit", "r.xml"]  # the first fails at once, the second runs for minutes
     process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)  # its own process group, as a terminal's job
+                               text=True, **AS_A_TERMINAL_JOB)
     watchdog = threading.Timer(180, os.killpg, (process.pid, signal.SIGKILL))  # never wait for the deep run
     watchdog.start()
     lines = []
@@ -191,7 +203,7 @@ def interrupted_replay(tmp_path: Path, adapter: str, marker: str) -> tuple[subpr
     group, as a terminal sends it) as soon as `marker` appears in its directory."""
     path = edited_trace(tmp_path, lambda steps: None)
     process = subprocess.Popen(["kvspec", "replay", str(path), "--adapter", adapter], cwd=tmp_path, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **AS_A_TERMINAL_JOB)
     wait_for(tmp_path / marker, process)
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=120)
