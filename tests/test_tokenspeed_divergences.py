@@ -7,6 +7,7 @@ adapters/tokenspeed/requirements.txt`), unless KVSPEC_REQUIRE_TOKENSPEED=1."""
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,7 @@ if (os.environ.get("KVSPEC_REQUIRE_TOKENSPEED") != "1"
 from kvspec.adapters.tokenspeed.divergences import KNOWN_DIVERGENCES
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay
+from kvspec.conformance.harness.trace import Trace
 from kvspec.spec.clauses import load_clauses
 
 CASES = [(d, adapter) for d in KNOWN_DIVERGENCES for adapter in d.adapters]
@@ -32,11 +34,53 @@ def test_the_divergence_still_reproduces(divergence, adapter):
     assert set(result.failure.clauses) & set(divergence.clauses)
 
 
-@pytest.mark.parametrize("divergence", KNOWN_DIVERGENCES, ids=[d.id for d in KNOWN_DIVERGENCES])
-def test_the_adapter_that_presses_on_the_pool_takes_the_same_steps_without_it(divergence):
-    """[SCHED-7] What the adapters steer by is what makes the difference: tokenspeed-aborts
-    (no snapshot pool), whose runs press on the pool, conforms on the same steps."""
-    assert replay(divergence.trace(), load_adapter("tokenspeed-aborts")).conforms
+class Victims:
+    """A TokenSpeed scheduler whose plans' preemptions are noted on their way to the driver."""
+
+    def __init__(self, scheduler, noted: list):
+        self.scheduler, self.noted = scheduler, noted
+
+    def plan(self):
+        plan = self.scheduler.plan()
+        self.noted += [(p.rid, p.how.value) for p in plan.preempted]
+        return plan
+
+    def __getattr__(self, name):
+        return getattr(self.scheduler, name)
+
+
+def victims(adapter: str, trace: Trace) -> tuple[list[tuple[str, str]], bool]:
+    """The preemptions of `trace` on `adapter`, in order, and whether it conformed."""
+    built = load_adapter(adapter)
+    noted: list = []
+    result = replay(trace, replace(built, make_scheduler=lambda config: Victims(built.make_scheduler(config), noted)))
+    return noted, result.conforms
+
+
+TOKENSPEED_1 = next(d for d in KNOWN_DIVERGENCES if d.id == "TOKENSPEED-1")
+
+
+def test_both_builds_preempt_the_request_whose_pages_no_row_needed():
+    """[SCHED-7] On TOKENSPEED-1's trace the retracting build sets r1 aside and the aborting
+    one ends it (the client loses it): an incomplete prefill ranks first for a retraction,
+    and the newest resident is the one aborted."""
+    assert victims("tokenspeed", TOKENSPEED_1.trace()) == ([("r1", "retract")], False)
+    assert victims("tokenspeed-aborts", TOKENSPEED_1.trace()) == ([("r1", "abort")], False)
+
+
+def test_without_a_snapshot_pool_the_victim_is_the_newest_resident():
+    """Why random runs meet TOKENSPEED-1 less often without a snapshot pool: no image fits
+    there, and `chooseVictim` (forward.cpp:745-803) returns the newest retractable resident,
+    to abort; with one it ranks decodes by the pages they newly free. The trace the first
+    shrink gave (the 16-token r1 arrives first, 28 pages): at the same plan the retracting
+    build sets r1 aside, pages no row needed, and the aborting one ends r3, one of the two
+    blocked decodes, whose pages the plan's other decodes then take (SCHED-7 holds)."""
+    trace = TOKENSPEED_1.trace()
+    r2, r3, r1, drain = trace.steps
+    first = replace(trace, config={**trace.config, "pages": 28},
+                    steps=(replace(r1, args={**r1.args, "prompt": [0] * 16}), r2, r3, drain))
+    assert victims("tokenspeed", first) == ([("r1", "retract")], False)
+    assert victims("tokenspeed-aborts", first) == ([("r3", "abort")], True)
 
 
 def test_the_adapters_steer_as_the_entries_say():
