@@ -51,8 +51,8 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "11 of `scheduler P=2 W=5` to 4 steps, then varied (page count, prompt length, arrival order) until one "
         "trace showed it on both builds. The victims differ: with a snapshot pool, decodes are ranked by the "
         "pages they newly free; without one, no image fits and the newest resident is aborted, which in random "
-        "runs is more often one of the blocked decodes, whose pages the plan then needs (13 checks of these runs "
-        "met it at 3 seeds with a snapshot pool, at none without one; see steered_by).",
+        "runs is more often one of the blocked decodes, whose pages the plan then needs (see steered_by for "
+        "how often checks met it).",
         "csrc/scheduler/operations/forward.cpp:656-672 scheduleDecode (a decode with completed pages admits "
         "through admitWithKvEventTracking, growth and publication together); csrc/cache/coordinator/"
         "cache_admission.cpp:607-614 AdmissionPlanner::fits (empty parents, the request's reclaimable and the "
