@@ -201,19 +201,23 @@ def test_the_state_a_row_reads_survives_a_retraction_and_a_restore():
 
 
 def test_with_forced_retraction_the_scheduler_raises_on_a_page_it_published_twice():
-    """A fact of 0.1.42 behind its debugging knob (docs/engines/tokenspeed.md, section 9):
+    """A bug of 0.1.42 behind its debugging knob (docs/engines/tokenspeed.md, section 9):
     with `debug_force_retraction_interval = 3`, two requests on the same first pages, the
     second differing from its 15th token on, and page size 4, window 2, 21 pages, one row
     and 11 tokens a plan: the first is retracted by the knob while it decodes, the second
-    (a hit of 8 tokens) runs on, and its finish raises `one cache block location cannot
-    change cache key` (prefix_index.h:107), the first still set aside. Shrunk from a random
-    search (101 of 200 random runs raised with the knob; none of 3000 without it, through
-    2197 retractions and 2141 restores of the scheduler's own)."""
+    (a hit of 8 tokens) runs on. At its last plan the knob arms the second, whose image
+    does not fit the snapshot pool left: `retractVictim` has published its completed prefix
+    first, a one-token tail on the page it is writing, and the refused victim keeps running
+    on that page. Its finish publishes the page again, as a two-token tail, and raises
+    `one cache block location cannot change cache key` (prefix_index.h:107). Shrunk from a
+    random search (101 of 200 random runs raised with the knob; none of 3000 without it)."""
     scheduler = make_scheduler(SchedulerConfig(page_size=4, window=2, pages=21, max_batch_size=1,
                                                max_scheduled_tokens=11), force_retraction_every=3)
     second = [0] * 14 + [1] + [0] * 36
     arrivals = {1: ("r2", [0] * 23, 3), 6: ("r4", second, 4)}
     outputs: dict[str, int] = {}
+    tails = [scheduler.scheduler.tail_entries()]
+    """The prefix cache's partial-page entries after each plan."""
     with pytest.raises(RuntimeError, match="one cache block location cannot change cache key"):
         for step in range(14):
             if step in arrivals:
@@ -221,7 +225,9 @@ def test_with_forced_retraction_the_scheduler_raises_on_a_page_it_published_twic
                 scheduler.submit(rid, prompt, limit)
                 outputs[rid] = limit
                 continue
-            for row in scheduler.plan().rows:
+            plan = scheduler.plan()
+            tails.append(scheduler.scheduler.tail_entries())
+            for row in plan.rows:
                 if row.start + row.tokens < len(scheduler.tokens[row.rid]):
                     scheduler.result(row.rid, None)
                     continue
@@ -230,3 +236,5 @@ def test_with_forced_retraction_the_scheduler_raises_on_a_page_it_published_twic
                 if not outputs[row.rid]:
                     scheduler.finish(row.rid)
     assert step == 13  # the second request's fourth output: its finish
+    assert plan.rows[0].rid == "r4" and not plan.preempted  # armed, refused, and running on
+    assert tails[-2:] == [1, 2]  # the refused retraction published the tail of the page it writes on
