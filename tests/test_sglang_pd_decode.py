@@ -27,9 +27,9 @@ P, W = 4, 8
 ADAPTERS = ["sglang", "sglang-python"]
 
 
-def driver(adapter: str, size_full: int = 64 * P, size_swa: int = 32 * P) -> EngineDriver:
+def driver(adapter: str, size_full: int = 64 * P, size_swa: int = 32 * P, window: int = W) -> EngineDriver:
     loaded = load_adapter(adapter)
-    config = EngineConfig(page_size=P, window=W, size_full=size_full, size_swa=size_swa, max_requests=4,
+    config = EngineConfig(page_size=P, window=window, size_full=size_full, size_swa=size_swa, max_requests=4,
                           policy=Policy("sglang-0.5.23", 1))
     return EngineDriver(loaded.make_engine(config), loaded.model, loaded.observables)
 
@@ -133,6 +133,28 @@ def test_a_pd_request_that_does_not_fit_is_out_of_memory_and_changes_nothing(ada
     step(d, "pd_admit", rid="b", prompt=prompt, first_output=0)  # now it fits
     assert_pd_admitted(d, "b", prompt)
     decode_and_finish(d, "b", 3)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("window, prompt, cursor, matched", [(6, [2, 0, 1] * 5, 8, 0), (8, [2, 0, 1] * 10, 20, 28)])
+def test_the_admission_checkpoint_is_matchable_only_when_the_tail_covers_a_window(adapter, window, prompt, cursor,
+                                                                                  matched):
+    """The open finding pd-tail-not-rounded (docs/engines/sglang-findings.md), as 0.5.23 has
+    it on both trees: the tail starts at floor_page(fill - 1 - max(W, P)) and the admission
+    checkpoints [0, floor_page(fill)). At W = 8 (a page multiple) the leaf keeps 8 live SWA
+    tokens and the same prompt, admitted again after the first finished, matches all 28.
+    At W = 6, a 15-token prompt: cursor 8, checkpoint [0, 12), the leaf [8, 12) keeps 4 live
+    tokens below its tombstoned head, and the same prompt matches nothing (WIN-7). The spec's
+    WIN-6 states the same arithmetic today; the insert check I10 runs after prefill chunks
+    only, so no check flags it yet. A release that rounds the tail fails this test."""
+    d = driver(adapter, window=window)
+    step(d, "pd_admit", rid="a", prompt=prompt, first_output=2)
+    request = view(d, "a")
+    assert request.swa_evicted_seqlen == cursor
+    assert request.cache_protected_len == len(prompt) // P * P  # the admission's checkpoint
+    step(d, "finish", rid="a", trim=0)
+    step(d, "admit", rid="b", prompt=prompt + [2, 1])
+    assert view(d, "b").cache_protected_len == matched
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
