@@ -83,7 +83,8 @@ def make_scheduler(config, device: str = "cpu"):
     return ReferenceScheduler(config, device=device)
 
 
-BLOCK_POOL_CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "pd_decode")
+BLOCK_POOL_CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "pd_decode",
+                           "pd_checkpoint_keeps_window")
 """The shared block pool's engines: no recurrent-state group (chapter 09 is modelled on the two-pool engine)."""
 
 
@@ -97,7 +98,8 @@ class ADAPTER:
     policy_versions = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                     "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed")
+                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed",
+                    "pd_checkpoint_keeps_window")
     version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

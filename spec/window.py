@@ -231,6 +231,19 @@ def insert_window_at_risk(version: str, window: int, page_size: int) -> bool:
     return 1 <= window % page_size <= page_size - 2 and (version == DROP_MARGIN or window > page_size)
 
 
+def pd_checkpoint_at_risk(window: int, page_size: int) -> bool:
+    """[WIN-6, I10] Whether an implementation that checkpoints a PD-decode admission's prompt,
+    `[0, floor_page(fill_len))`, over the decode-side tail of `swa_tail_len` can leave that
+    leaf fewer than `min(W, E)` live tokens (SGLang checkpoints there: SGL-9, SGL-11). The
+    tail keeps `max(W, P)` tokens before `fill_len - 1`, unrounded: max-window-page's
+    retention, so it is at risk exactly where that version is, `W > P` and
+    `1 <= W % P <= P - 2` (tests/test_lifecycle_random.py checks it fill by fill).
+
+    pre: window >= 1 and page_size >= 1
+    """
+    return insert_window_at_risk(MAX_WINDOW_PAGE, window, page_size)
+
+
 def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: Position,
                         window: int, page_size: int, version: str) -> tuple[Position, Position]:
     """[I10, WIN-4] The insert end and the cursor of a checkpoint of an unfinished

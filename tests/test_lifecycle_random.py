@@ -32,7 +32,10 @@ from kvspec.spec.window import (
     NO_PREFIX_SHARING,
     SGLANG_0_5_23,
     Policy,
+    floor_page,
     insert_window_at_risk,
+    pd_checkpoint_at_risk,
+    swa_tail_len,
 )
 
 QUICK = settings(profile("quick"), database=None)
@@ -135,3 +138,17 @@ def test_a_stop_below_the_swa_cursor_with_prefix_sharing():
                           policy=Policy(SGLANG_0_5_23, 4))
     replay(config, [("admit", "r1", list(range(16))), ("prefill_chunk", "r1", 16)]
            + [("decode", "r1", 0)] * 49 + [("finish", "r1", 40)])
+
+
+def test_a_checkpoint_over_the_pd_tail_is_at_risk_exactly_where_max_window_page_is():
+    """[WIN-6, I10] An admission checkpoint [0, floor_page(fill)) over WIN-6's decode-side
+    tail (what SGLang does, SGL-11) keeps min(W, E) live tokens for every fill exactly
+    where pd_checkpoint_at_risk says it may not."""
+    for page_size in (1, 2, 3, 4, 8, 16):
+        for window in range(1, 41):
+            short = set()
+            for fill in range(1, 301):
+                end, cursor = floor_page(fill, page_size), fill - swa_tail_len(fill, window, page_size, True)
+                if end - cursor < min(window, end):
+                    short.add(fill)
+            assert bool(short) == pd_checkpoint_at_risk(window, page_size), (page_size, window, sorted(short)[:3])

@@ -17,6 +17,7 @@ if os.environ.get("KVSPEC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("
     pytest.skip("SGLang is not installed: pip install --no-deps -r adapters/sglang/requirements.txt",
                 allow_module_level=True)
 
+from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.trace import TraceStep
@@ -135,19 +136,26 @@ def test_a_pd_request_that_does_not_fit_is_out_of_memory_and_changes_nothing(ada
     decode_and_finish(d, "b", 3)
 
 
+SHORT_LEAF = (6, [2, 0, 1] * 5)
+"""W = 6 and a 15-token prompt: SGLang's admission checkpoint leaves a leaf short of a window."""
+
+
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@pytest.mark.parametrize("window, prompt, cursor, matched", [(6, [2, 0, 1] * 5, 8, 0), (8, [2, 0, 1] * 10, 20, 28)])
+@pytest.mark.parametrize("window, prompt, cursor, matched", [(*SHORT_LEAF, 8, 0), (8, [2, 0, 1] * 10, 20, 28)])
 def test_the_admission_checkpoint_is_matchable_only_when_the_tail_covers_a_window(adapter, window, prompt, cursor,
                                                                                   matched):
-    """The open finding pd-tail-not-rounded (docs/engines/sglang-findings.md), as 0.5.23 has
-    it on both trees: the tail starts at floor_page(fill - 1 - max(W, P)) and the admission
+    """SGL-11 (docs/engines/sglang-findings.md, pd-tail-not-rounded), as 0.5.23 behaves on
+    both trees: the tail starts at floor_page(fill - 1 - max(W, P)) and the admission
     checkpoints [0, floor_page(fill)). At W = 8 (a page multiple) the leaf keeps 8 live SWA
     tokens and the same prompt, admitted again after the first finished, matches all 28.
     At W = 6, a 15-token prompt: cursor 8, checkpoint [0, 12), the leaf [8, 12) keeps 4 live
-    tokens below its tombstoned head, and the same prompt matches nothing (WIN-7). The spec's
-    WIN-6 states the same arithmetic today; the insert check I10 runs after prefill chunks
-    only, so no check flags it yet. A release that rounds the tail fails this test."""
-    d = driver(adapter, window=window)
+    tokens below its tombstoned head, and the same prompt matches nothing (WIN-7). The
+    driver here reads no tree, so that I10 (next test) does not stop the behaviour shown.
+    A release that rounds the tail fails this test."""
+    loaded = load_adapter(adapter)
+    config = EngineConfig(page_size=P, window=window, size_full=64 * P, size_swa=32 * P, max_requests=4,
+                          policy=Policy("sglang-0.5.23", 1))
+    d = EngineDriver(loaded.make_engine(config), loaded.model, frozenset(loaded.observables) - {"tree"})
     step(d, "pd_admit", rid="a", prompt=prompt, first_output=2)
     request = view(d, "a")
     assert request.swa_evicted_seqlen == cursor
@@ -155,6 +163,14 @@ def test_the_admission_checkpoint_is_matchable_only_when_the_tail_covers_a_windo
     step(d, "finish", rid="a", trim=0)
     step(d, "admit", rid="b", prompt=prompt + [2, 1])
     assert view(d, "b").cache_protected_len == matched
+
+
+def test_the_short_admission_checkpoint_breaks_i10_on_the_python_tree():
+    """SGL-11: where the tree can be seen, I10 flags the admission's leaf at once."""
+    window, prompt = SHORT_LEAF
+    with pytest.raises(InvariantViolation) as found:
+        step(driver("sglang-python", window=window), "pd_admit", rid="a", prompt=prompt, first_output=2)
+    assert "[I10] request a: new leaf with live SWA [8, 12), fewer than min(W, E) = 6" in str(found.value)
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)

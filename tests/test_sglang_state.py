@@ -194,8 +194,9 @@ def test_the_state_vectors_replay_on_sglang_with_the_references_observables(stat
     replayed = 0
     for vector_name, vector in state_vectors.items():
         unmet = unmet_requirements(vector, adapter)
-        if vector.config["page_size"] > 1:
-            assert unmet == ["capability paged_recurrent_state"], vector_name
+        if vector.config["page_size"] > 1:  # (and, at W = 6, a PD admission SGLang's checkpoint leaves short: SGL-11)
+            assert "capability paged_recurrent_state" in unmet, vector_name
+            assert set(unmet) <= {"capability paged_recurrent_state", "capability pd_checkpoint_keeps_window"}, unmet
             continue
         assert unmet == [], vector_name
         result = replay(vector, adapter)

@@ -1,5 +1,6 @@
 """Window eviction bugs (WIN-2 .. WIN-6): the frontier below which a request's SWA KV is
-freed computed wrong, an eviction that never runs, and a cursor not set."""
+freed computed wrong, an eviction that never runs, a cursor not set, and a PD-decode
+admission checkpointed over a tail too short for it."""
 
 from kvspec.conformance.harness.families import Run
 from kvspec.reference.components import SWAComponent
@@ -186,3 +187,28 @@ class PD_CURSOR_UNSET(Mutant, slug="pd-cursor-unset", engine=PdCursorUnsetEngine
     exposed_by = Run(page_size=4, window=6, interval=4)
     reverts = ("docs/engines/sglang.md, bug class 3: req.kv.set_evicted_seqlen(SWA, fill - tail) after "
                "alloc_extend_swa_tail (disaggregation/decode.py:2435-2511)")
+
+
+class PdCheckpointShortEngine(Engine):
+    def pd_admit(self, rid, prompt, first_output):
+        outcome = super().pd_admit(rid, prompt, first_output)
+        if outcome is None and self.tree is not None and self.page_size > 1:
+            # BUG: the received prompt checkpointed at once, over WIN-6's tail, which keeps
+            # max(W, P) tokens before fill - 1 unrounded: a window short where 1 <= W % P <= P - 2
+            self.checkpoint(self.requests[rid], len(prompt), finished=False)
+        return outcome
+
+
+class PD_CHECKPOINT_SHORT(Mutant, slug="pd-checkpoint-short", engine=PdCheckpointShortEngine):
+    """A PD-decode admission (LIFE-6) that checkpoints the received prompt,
+    `[0, floor_page(fill))`, at once, as SGLang does (SGL-9), over WIN-6's tail, whose start
+    `floor_page(fill - 1 - max(W, P))` leaves fewer than W live tokens below the checkpoint's
+    end wherever `pd_checkpoint_at_risk` says so (W > P, 1 <= W % P <= P - 2): the new leaf is
+    unmatchable, I10. It reverts no fix: SGLang 0.5.23 still has it (SGL-11;
+    disaggregation/decode.py:572-579, the tail's start, and decode_schedule_batch_mixin.py:
+    119-122, process_prebuilt's checkpoint), whose intent, a complete window before the
+    insert boundary, needs the tail rounded to a page. At the windows not at risk the same
+    admission checkpoint conforms."""
+
+    clause, invariant_class = "I10", "window-bound"
+    exposed_by = Run(page_size=4, window=6, interval=4)

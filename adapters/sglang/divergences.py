@@ -106,12 +106,33 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "After its decode-side pre-allocation, SGLang inserts the received prompt into the decode-side prefix cache "
         "before the first decode step (process_prebuilt's checkpoint), so cache_protected_len is the prompt's "
         "page-aligned length right after pd_admit; the spec (LIFE-6) leaves the request owning its prompt until a "
-        "later checkpoint, and the reference protects nothing. Both are sound; the spec does not model the "
-        "admission checkpoint yet (docs/engines/sglang-findings.md, pd-tail-not-rounded, is what it exposes).",
+        "later checkpoint, and the reference protects nothing. Both are sound; the spec's admission only matches, "
+        "and I10 checks the leaf of SGLang's admission checkpoint all the same, which is short of a window at some "
+        "windows (SGL-11).",
         "disaggregation/decode_schedule_batch_mixin.py:119-122 (process_prebuilt: checkpoint_kv_cache); "
         "disaggregation/decode.py:2237-2392 (_pre_alloc)",
         "engine", engine_config(page_size=4, window=8, size_full=64, size_swa=32),
         (("pd_admit", {"rid": "r1", "prompt": list(range(1, 31)), "first_output": 0}),), differential=True),
+    KnownDivergence(
+        "SGL-11", ("I10", "WIN-6"), "a PD-decode admission checkpoints a leaf short of a window",
+        "With the decode-side radix cache, SGLang starts a PD request's SWA tail at floor_page(fill - 1 - max(W, P)) "
+        "and checkpoints the received prompt, [0, floor_page(fill)), before the first decode step (SGL-9). Its "
+        "comment's intent is a complete window before that insert boundary, but max(W, P) is not rounded to a page: "
+        "where W > P and 1 <= W % P <= P - 2 the new leaf keeps fewer than W live SWA tokens below a tombstoned "
+        "head and no later match reaches it (W = 6, P = 4, a 15-token prompt: cursor 8, leaf [8, 12), and the same "
+        "prompt admitted again matches nothing). A bug of SGLang (0.5.19 - 0.5.23 share the arithmetic; the PD path "
+        "is driven on 0.5.23 only), not a difference of models: 0.5.23 re-points the request to the tree's slots, so "
+        "the leaf is merely unmatchable; the releases that match again after the insert would meet "
+        "checkpoint-short-rematch (docs/engines/sglang-findings.md, pd-tail-not-rounded). The spec's WIN-6 tail is "
+        "the same arithmetic, sound for the reference, which does not checkpoint there. Steered: the sglang "
+        "adapters do not declare pd_checkpoint_keeps_window, so pd_admit is not drawn at those windows.",
+        "disaggregation/decode.py:572-579 (the tail's start), :2486-2494 (the cursor set there); "
+        "disaggregation/decode_schedule_batch_mixin.py:119-122 (process_prebuilt: checkpoint_kv_cache); "
+        "mem_cache/unified_radix_cache.py:1232 (the insert of [0, floor_page(fill)))",
+        "engine", engine_config(page_size=4, window=6, size_full=64, size_swa=32),
+        (("pd_admit", {"rid": "r1", "prompt": [2, 0, 1] * 5, "first_output": 0}),),
+        # not on the Rust core: I10 reads the tree, which it does not show
+        adapters=("sglang-python",), folder=FOLDER, steered_by="pd_checkpoint_keeps_window"),
     KnownDivergence(
         "SGL-10", ("STATE-3", "STATE-9"), "a finish with a stop keeps a state that has read past the stop",
         "A request of a hybrid model (FULL + SWA + MAMBA, no extra buffer) whose stop leaves written outputs after "

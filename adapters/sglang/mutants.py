@@ -157,8 +157,12 @@ class FRONTIER_INTO_WINDOW(SglangMutant, slug="frontier-into-window"):
     SWA tokens (I10), and from the window too unless the chunk's window starts at or
     above the rounded cursor (I8). The first counterexample breaks I8; kvspec check may
     shrink it to a checkpoint that breaks I10 alone (P=4, W=7: an 11-token chunk, cursor
-    4, leaf [4, 8) live)."""
+    4, leaf [4, 8) live). Its runs draw no PD-decode admission: SGLang checkpoints the
+    received prompt at once (SGL-9), and there the same short leaf breaks I10 before any
+    decode step reads the window (P=4, W=7: an 11-token prompt, cursor 4, leaf [4, 8)).
+    Without them the first counterexample breaks I8, as the reference mutant's does."""
 
+    capabilities = tuple(capability for capability in SGLANG_PYTHON.capabilities if capability != "pd_decode")
     patch = Patch(COMMON, "free_swa_out_of_window_slots",
                   "        new_evicted_seqlen = (new_evicted_seqlen // page_size) * page_size\n",
                   "        new_evicted_seqlen = ceil_align(new_evicted_seqlen, page_size)\n")
@@ -198,7 +202,7 @@ class PD_CURSOR_UNSET(SglangMutant, slug="pd-cursor-unset"):
     patch = Patch(PD_DECODE, "alloc_for_decode_prealloc",
                   "            req.kv.set_evicted_seqlen(ComponentType.SWA, swa_evicted_seqlen)\n", "")
     clause, invariant_class = "I5", "mapping"
-    exposed_by = Run(page_size=4, window=6, interval=4)
+    exposed_by = Run(page_size=4, window=7, interval=1)  # not W = 6, where SGLang's runs draw no PD admission (SGL-11)
     reverts = ("docs/engines/sglang.md, bug class 3: req.kv.set_evicted_seqlen(SWA, fill - tail) after "
                "alloc_extend_swa_tail (disaggregation/decode.py:2486-2494)")
 
@@ -537,6 +541,8 @@ class HIT_WITHOUT_CHECKPOINT(SglangMutant, slug="hit-without-checkpoint"):
 # -- bugs of the zoo with no SGLang patch here ---------------------------------------------------
 
 NOT_PATCHED = {
+    "pd-checkpoint-short": "SGLang 0.5.23 already has this bug (known divergence SGL-11, its PD-decode admission "
+                           "checkpoints a leaf short of a window); the reference mutant shows it",
     "non-atomic-decode": "SGLang 0.5.23 already has this bug (known divergence SGL-6, alloc_decode keeps the full "
                          "page it took when the SWA side is short); the reference mutant shows it",
     "leak-state-on-failed-admission": "SGLang's revert of a request it does not add (scheduler.py:4285-4298) is "

@@ -12,7 +12,9 @@ be refused with InvalidRequest. Every step is `note()`d and recorded (see trace.
 
 `make_engine(config)` must return an object with kvspec.conformance.harness.protocol's
 ENGINE_OPERATIONS. Capabilities the adapter lacks turn rules off: without `pd_decode`
-no PD-decode admissions, without `chunked_prefill` every prefill is one chunk. With
+no PD-decode admissions (without `pd_checkpoint_keeps_window`, none at windows where an
+admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
+`chunked_prefill` every prefill is one chunk. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -26,7 +28,7 @@ from hypothesis.stateful import initialize, precondition, rule
 from kvspec.spec.models import TWO_POOL, MemoryModel, model_for
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import min_state_slots
-from kvspec.spec.window import Policy
+from kvspec.spec.window import Policy, pd_checkpoint_at_risk
 
 from .differential import DifferentialDriver
 from .engine_driver import EngineDriver
@@ -34,7 +36,7 @@ from .recording import RecordingMachine
 from .trace import engine_config_json
 
 ALPHABET = st.integers(0, 2)
-ALL = frozenset({"pd_decode", "chunked_prefill"})
+ALL = frozenset({"pd_decode", "pd_checkpoint_keeps_window", "chunked_prefill"})
 MAX_REQUESTS = 4
 
 
@@ -111,7 +113,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             if self.run("admit", rid=rid, prompt=self.prompt(data))["outcome"] == "ok":
                 self.prefilling.add(rid)
 
-        @precondition(lambda self: self.running() < self.config.max_requests and P > 1 and "pd_decode" in self.capabilities)
+        @precondition(lambda self: self.running() < self.config.max_requests and P > 1 and "pd_decode" in self.capabilities
+                      and ("pd_checkpoint_keeps_window" in self.capabilities or not pd_checkpoint_at_risk(W, P)))
         @rule(data=st.data(), first_output=ALPHABET)
         def pd_admit(self, data, first_output):
             rid = self.new_rid()

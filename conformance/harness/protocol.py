@@ -60,7 +60,8 @@ from . import families
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group")
+                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group",
+                "pd_checkpoint_keeps_window")
 """recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
 show its memory model's snapshot with state; the runs with state need it, and those at a
 page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
@@ -74,7 +75,10 @@ preempts_only_when_needed: at the scheduler tier, a plan preempts a request only
 rows need the pages (SCHED-7); without it the scheduler runs give every request room of
 its own, so that no plan preempts (page pressure is then not exercised). state_group: at
 the scheduler tier, a recurrent-state group beside the attention groups (the
-scheduler+state runs, SCHED-9)."""
+scheduler+state runs, SCHED-9). pd_checkpoint_keeps_window: a PD-decode admission whose
+prompt the engine checkpoints at once leaves that leaf a window (I10) at every window;
+without it pd_admit is drawn only at windows where WIN-6's tail keeps one anyway
+(`kvspec.spec.window.pd_checkpoint_at_risk`)."""
 
 
 class Allocator(HybridAllocatorOperations, Protocol):

@@ -14,6 +14,7 @@ from kvspec.spec.models import model_for
 from kvspec.spec.outcomes import InvalidRequest
 from kvspec.spec.scheduler import pages_alone
 from kvspec.spec.snapshot import EngineConfig
+from kvspec.spec.window import pd_checkpoint_at_risk
 
 from .allocator_driver import REFUSALS, AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
@@ -62,6 +63,8 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
     for step in trace.steps:
         if step.op == "pd_admit":
             needs["pd_decode"] = True
+            if trace.config["page_size"] > 1 and pd_checkpoint_at_risk(trace.config["window"], trace.config["page_size"]):
+                needs["pd_checkpoint_keeps_window"] = True  # an admission checkpoint there can be short (I10)
         elif step.op == "fork" and step.args.get("tail") is not None:
             needs["swa_tail"] = True
         elif step.op.startswith("free_group"):

@@ -139,8 +139,9 @@ def skipped_runs(adapter: Adapter, against: str | None = None) -> dict[str, str]
         if factory is None:
             left_out[f"{tier} tier"] = f"adapter has no {tier} tier"
     state = ("paged_recurrent_state", "releases_state_at_stop") if "recurrent_state" in adapter.capabilities else ()
+    pd = ("pd_checkpoint_keeps_window",) if "pd_decode" in adapter.capabilities else ()
     read_by = {"allocator": ("swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"),
-               "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state),
+               "engine": ("pd_decode", "chunked_prefill", "recurrent_state", *state, *pd),
                "scheduler": ("preempts_only_when_needed", "state_group")}
     tiers = [tier for tier, factory in (("allocator", adapter.make_allocator), ("engine", adapter.make_engine),
                                         ("scheduler", adapter.make_scheduler)) if factory is not None]

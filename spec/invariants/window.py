@@ -115,13 +115,29 @@ def chunk_step(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapsho
     return before, after
 
 
-def insert_cursor(before: RequestView, after: RequestView, now: TwoPoolSnapshot) -> Position | None:
+def checkpoint_step(previous: TwoPoolSnapshot, step: Step | None,
+                    now: TwoPoolSnapshot) -> tuple[Position, RequestView] | None:
+    """[I10] The request's cpl before, and the request after, a step that may have checkpointed it
+    into a prefix-sharing tree: a prefill chunk (chunk_step), or an ok PD-decode admission
+    (a new request, cpl 0 before), whose received prompt an implementation may checkpoint
+    at once (SGLang does: SGL-9); the reference only matches there. None for any other step."""
+    pair = chunk_step(previous, step, now)
+    if pair is not None:
+        return pair[0].cache_protected_len, pair[1]
+    if (step is None or step.operation != "pd_admit" or step.outcome != "ok"
+            or not now.config.policy.supports_prefix_sharing):
+        return None
+    after = find_request(now, step.rid)
+    return None if after is None else (0, after)
+
+
+def insert_cursor(old_protected: Position, after: RequestView, now: TwoPoolSnapshot) -> Position | None:
     """The cursor a chunk's checkpoint inserted with. Positions below cpl are the tree's,
     so a cursor at or past the new cpl says nothing of the insert: an implementation may
     raise the cursor to cpl after the insert (WIN-3's bump; SGLang 0.5.23 does after an
     insert it ended early, at a branch point). Then the tree shows it: the start of the
-    live SWA run that ends at cpl on the request's path (not before the old cpl). None
-    when that cannot be seen (no tree in the snapshot)."""
+    live SWA run that ends at cpl on the request's path (not before `old_protected`, the cpl
+    before the step). None when that cannot be seen (no tree in the snapshot)."""
     end = after.cache_protected_len
     if after.swa_evicted_seqlen < end:
         return after.swa_evicted_seqlen
@@ -130,10 +146,10 @@ def insert_cursor(before: RequestView, after: RequestView, now: TwoPoolSnapshot)
         return None
     start = end
     for node in reversed(path):
-        if node.swa_value is None or start <= before.cache_protected_len:
+        if node.swa_value is None or start <= old_protected:
             break
         start = node.start
-    return max(start, before.cache_protected_len)
+    return max(start, old_protected)
 
 
 def live_swa(snapshot: TwoPoolSnapshot) -> set[tuple[Position, SlotId, SlotId]]:
@@ -174,7 +190,8 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
         return []
     before, after = pair
     config, found = now.config, []
-    end, cursor, old_protected = after.cache_protected_len, insert_cursor(before, after, now), before.cache_protected_len
+    old_protected = before.cache_protected_len
+    end, cursor = after.cache_protected_len, insert_cursor(old_protected, after, now)
     if cursor is None:
         return []
     live_before, path = live_swa(previous), path_to(node_index(now), after.last_node)
@@ -203,17 +220,18 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
 
 @invariant("I10", "window-bound", reads={"rows", "tree"})
 def insert_boundary_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
-    """[I10] After a prefill chunk (chunk_step) with insert end E = cpl > 0:
+    """[I10] After a checkpoint (checkpoint_step: a prefill chunk, or a PD-decode admission)
+    with insert end E = cpl > 0:
     insert_keeps_window(E, e, W) when the insert's cursor e (insert_cursor) moved past the
     previous cpl; last_node ends at E; and swa_match_length of its path (root's child to
     last_node) is E: the new leaf is matchable, never all-tombstone."""
-    pair = chunk_step(previous, step, now)
-    if pair is None or pair[1].cache_protected_len == 0:
+    checkpoint = checkpoint_step(previous, step, now)
+    if checkpoint is None or checkpoint[1].cache_protected_len == 0:
         return []
-    before, after = pair
+    old_protected, after = checkpoint
     found, nodes, window = [], node_index(now), now.config.window
-    end, cursor = after.cache_protected_len, insert_cursor(before, after, now)
-    if cursor is not None and cursor > before.cache_protected_len and not insert_keeps_window(end, cursor, window):
+    end, cursor = after.cache_protected_len, insert_cursor(old_protected, after, now)
+    if cursor is not None and cursor > old_protected and not insert_keeps_window(end, cursor, window):
         found.append(Violation("I10", f"request {after.rid}: new leaf with live SWA [{cursor}, {end}), fewer than min(W, E) = {min(window, end)}"))
     if after.last_node not in nodes or nodes[after.last_node].end != end:
         depth = nodes[after.last_node].end if after.last_node in nodes else None
