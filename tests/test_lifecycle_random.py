@@ -24,6 +24,7 @@ from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.profiles import profile
 from kvspec.reference.engine import Engine
 from kvspec.spec.outcomes import Outcome
+from kvspec.spec.pages import floor_page
 from kvspec.spec.snapshot import EngineConfig, Step
 from kvspec.spec.window import (
     DESIGN_MARGIN,
@@ -32,7 +33,6 @@ from kvspec.spec.window import (
     NO_PREFIX_SHARING,
     SGLANG_0_5_23,
     Policy,
-    floor_page,
     insert_window_at_risk,
     pd_checkpoint_at_risk,
     swa_tail_len,

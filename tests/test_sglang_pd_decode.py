@@ -28,11 +28,13 @@ P, W = 4, 8
 ADAPTERS = ["sglang", "sglang-python"]
 
 
-def driver(adapter: str, size_full: int = 64 * P, size_swa: int = 32 * P, window: int = W) -> EngineDriver:
+def driver(adapter: str, size_full: int = 64 * P, size_swa: int = 32 * P, window: int = W,
+           reads_tree: bool = True) -> EngineDriver:
     loaded = load_adapter(adapter)
     config = EngineConfig(page_size=P, window=window, size_full=size_full, size_swa=size_swa, max_requests=4,
                           policy=Policy("sglang-0.5.23", 1))
-    return EngineDriver(loaded.make_engine(config), loaded.model, loaded.observables)
+    observables = frozenset(loaded.observables) - (set() if reads_tree else {"tree"})
+    return EngineDriver(loaded.make_engine(config), loaded.model, observables)
 
 
 def view(d: EngineDriver, rid: str):
@@ -152,10 +154,7 @@ def test_the_admission_checkpoint_is_matchable_only_when_the_tail_covers_a_windo
     tokens below its tombstoned head, and the same prompt matches nothing (WIN-7). The
     driver here reads no tree, so that I10 (next test) does not stop the behaviour shown.
     A release that rounds the tail fails this test."""
-    loaded = load_adapter(adapter)
-    config = EngineConfig(page_size=P, window=window, size_full=64 * P, size_swa=32 * P, max_requests=4,
-                          policy=Policy("sglang-0.5.23", 1))
-    d = EngineDriver(loaded.make_engine(config), loaded.model, frozenset(loaded.observables) - {"tree"})
+    d = driver(adapter, window=window, reads_tree=False)
     step(d, "pd_admit", rid="a", prompt=prompt, first_output=2)
     request = view(d, "a")
     assert request.swa_evicted_seqlen == cursor
