@@ -118,6 +118,22 @@ def test_a_violation_is_explained_only_inside_its_findings_range():
     assert explain(c, c["runs"][0]) == finding.id  # before 0.5.18 it needs the chunk release turned on
 
 
+def test_the_table_meets_the_pd_tail_bug_that_the_gating_adapters_steer_clear_of():
+    """0.5.23's members draw PD admissions at every window (SGL-11 is not steered there), and an
+    I10 of a short admission leaf is explained on the Python tree, where it shows, only."""
+    from kvspec.adapters.sglang import CAPABILITIES
+    assert "pd_checkpoint_keeps_window" not in CAPABILITIES
+    assert "pd_checkpoint_keeps_window" in MEMBERS.members["0.5.23-python"].capabilities
+    assert "pd_decode" not in MEMBERS.members["0.5.22-python"].capabilities
+    short = "violated at step 0: [I10] request r1: new leaf with live SWA [8, 12), fewer than min(W, E) = 6"
+    for release, tree, explained in (("0.5.23", "python", True), ("0.5.23", "rust", False), ("0.5.18", "python", False)):
+        c = cell(release, tree, ["I10"])
+        c["runs"][0]["message"] = short
+        assert (explain(c, c["runs"][0]) == "pd-tail-not-rounded") == explained, (release, tree)
+    c = cell("0.5.23", "python", ["I10"])  # another I10 is not this bug
+    assert explain(c, c["runs"][0]) is None
+
+
 def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path):
     explained = tmp_path / "a.json"
     explained.write_text(json.dumps({"schema": history.SCHEMA, "profile": "ci",
@@ -151,5 +167,10 @@ def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere
         assert result["as_expected"], result
     if Release(release).release in ("0.5.18", "0.5.22"):
         assert any(r["expected_to_fail"] and not r["conforms"] for r in results)
-    if release == "0.5.23":
-        assert all(r["conforms"] for r in results)
+    replayed = [r for r in results if "skipped" not in r]
+    if release == "0.5.23":  # fixed there: every vector but the bug it still has (pd-tail-not-rounded)
+        assert all(r["conforms"] == (r["finding"] != "pd-tail-not-rounded") for r in replayed), replayed
+        assert any(r["finding"] == "pd-tail-not-rounded" for r in replayed)
+    else:  # the PD path is driven on 0.5.23 only: its vector is skipped, and says why
+        assert all("capability pd_decode" in r["skipped"] for r in results if "skipped" in r)
+        assert all(r["finding"] != "pd-tail-not-rounded" for r in replayed)

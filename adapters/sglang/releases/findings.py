@@ -33,7 +33,8 @@ class Finding:
     runs: tuple[str, ...] = ()
     """The runs (labels, or their start) it shows in, or () for any."""
     vector: str | None = None
-    """Its regression vector under vectors/regressions/ (bugs)."""
+    """Its regression vector, relative to the repository (bugs): a trace under
+    vectors/regressions/, or the trace of the known divergence the bug is recorded as."""
 
     def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
         """Whether a member of `release` with `knobs` turned has it (any tree it names)."""
@@ -55,7 +56,7 @@ class Finding:
 FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
-            vector="checkpoint-short-rematch.jsonl"),
+            vector="vectors/regressions/checkpoint-short-rematch.jsonl"),
     # the same, on the Rust core, whose tree cannot be walked: the tree's free of pages the
     # request already freed trips the allocator's assertion when the drain evicts
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("crashed",),
@@ -63,11 +64,15 @@ FINDINGS = (
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
-            ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len", vector="checkpoint-short-rematch-finish.jsonl"),
+            ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len", vector="vectors/regressions/checkpoint-short-rematch-finish.jsonl"),
+    # PD-decode admissions are driven on 0.5.23 only (catalog.UNSTEERED_PD), though the tail is
+    # the same since 0.5.19 (its vector is skipped before); the Rust core's tree cannot be walked.
+    Finding("pd-tail-not-rounded", "bug", "0.5.19", "0.5.23", None, ("python",), ("I10",),
+            says="new leaf with live SWA", vector="adapters/sglang/divergences/SGL-11.jsonl"),
     Finding("revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"),
-            ("I11", "I14", "I1", "I4"), vector="revive-frees-locked-full.jsonl"),
+            ("I11", "I14", "I1", "I4"), vector="vectors/regressions/revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
-            says="decode steps, more than", vector="decode-eviction-phase.jsonl"),
+            says="decode steps, more than", vector="vectors/regressions/decode-eviction-phase.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
             says="the chunk left"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
