@@ -134,6 +134,35 @@ def test_the_table_meets_the_pd_tail_bug_that_the_gating_adapters_steer_clear_of
     assert explain(c, c["runs"][0]) is None
 
 
+def test_early_swa_unlock_is_explained_only_with_its_knob_and_before_a_bug_of_the_same_clauses():
+    """The opt-in early SWA unlock breaks I11 (I14 on the legacy tree) on every release; at the
+    default knobs the same clauses are not it (0.5.14's revive-frees-locked-full breaks them)."""
+    early = "violated at step 8: [I11] request r1: node 18 is in its SWA lock segment (the 6 tokens above its end)"
+    for release, tree, knobs, explained in (("0.5.14", "legacy", ("early-swa-unlock",), "early-swa-unlock"),
+                                            ("0.5.23", "python", ("early-swa-unlock",), "early-swa-unlock"),
+                                            ("0.5.23", "python", (), None), ("0.5.14", "legacy", (), "revive-frees-locked-full"),
+                                            ("0.5.23", "rust", ("early-swa-unlock",), None)):
+        c = cell(release, tree, ["I11"], knobs)
+        c["runs"][0]["message"] = early
+        assert explain(c, c["runs"][0]) == explained, (release, tree, knobs)
+
+
+def test_an_engine_does_not_inherit_the_knobs_of_one_built_before_it_in_its_process():
+    """0.5.23 copies the deprecated name of its early-unlock knob into the new one: the adapter
+    clears both, or every engine after an `+early-swa-unlock` one in a process would unlock early."""
+    if not environment.installed("0.5.23"):
+        if REQUIRED:
+            pytest.fail(f"SGLang 0.5.23 is not installed: {environment.install_command('0.5.23')}")
+        pytest.skip(f"SGLang 0.5.23 is not installed: {environment.install_command('0.5.23')}")
+    script = ("import json, sys; from pathlib import Path; from kvspec.adapters.sglang.releases.regressions import "
+              "ROOT, replay_here; vector = ROOT / 'vectors/regressions/early-swa-unlock.jsonl'; print(json.dumps("
+              "[replay_here(member, vector)['conforms'] for member in sys.argv[1:]]))")
+    done = subprocess.run([sys.executable, "-c", script, "sglang@0.5.23-python+early-swa-unlock", "sglang@0.5.23-python"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True]
+
+
 def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path):
     explained = tmp_path / "a.json"
     explained.write_text(json.dumps({"schema": history.SCHEMA, "profile": "ci",
@@ -168,9 +197,10 @@ def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere
     if Release(release).release in ("0.5.18", "0.5.22"):
         assert any(r["expected_to_fail"] and not r["conforms"] for r in results)
     replayed = [r for r in results if "skipped" not in r]
-    if release == "0.5.23":  # fixed there: every vector but the bug it still has (pd-tail-not-rounded)
-        assert all(r["conforms"] == (r["finding"] != "pd-tail-not-rounded") for r in replayed), replayed
-        assert any(r["finding"] == "pd-tail-not-rounded" for r in replayed)
+    if release == "0.5.23":  # the bugs fixed there pass; what it still has fails (the knob's, with the knob)
+        assert {r["finding"] for r in replayed if not r["conforms"]} == {"pd-tail-not-rounded", "early-swa-unlock"}
+        assert {r["member"] for r in replayed if r["finding"] == "early-swa-unlock" and not r["conforms"]} \
+            == {"sglang@0.5.23-python+early-swa-unlock"}
     else:  # the PD path is driven on 0.5.23 only: its vector is skipped, and says why
         assert all("capability pd_decode" in r["skipped"] for r in results if "skipped" in r)
         assert all(r["finding"] != "pd-tail-not-rounded" for r in replayed)

@@ -71,8 +71,12 @@ class SglangEngine:
 
     ENVIRONMENT = ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN",
                    "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "SGLANG_ENABLE_UNIFIED_RADIX_TREE",
-                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
-    """The knobs an engine sets; any other engine's settings are cleared first."""
+                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "SGLANG_OPT_RELEASE_PREFILL_SWA")
+    """The knobs an engine sets; any other engine's settings are cleared first. From 0.5.22
+    SGLang reads SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW as the deprecated name of
+    SGLANG_OPT_RELEASE_PREFILL_SWA and copies its value there (environ.py,
+    `_DeprecatedEnvFallback.get`): the copy is cleared too, or an engine built after one
+    with early-swa-unlock in the same process would inherit it."""
 
     def __init__(self, config: EngineConfig, tree: str = "rust", release: str = "0.5.23",
                  policy_version: str = SGLANG_0_5_23, environment: dict[str, str] | None = None):

@@ -23,9 +23,9 @@ class Finding:
     fixed_in: str | None
     trees: tuple[str, ...]
     clauses: tuple[str, ...]
-    by_default: tuple[str, str] | None = None
-    """The releases whose default knobs reach it (None: all of first..last); the others
-    between first and last reach it with `knobs` turned."""
+    by_default: tuple[str, str] | tuple[()] | None = None
+    """The releases whose default knobs reach it (None: all of first..last; (): none); the
+    others between first and last reach it with `knobs` turned."""
     knobs: tuple[str, ...] = ()
     says: str = ""
     """A regular expression the violation's message must match (to tell two findings of
@@ -41,7 +41,7 @@ class Finding:
         k = key(release)
         if not key(self.first) <= k <= key(self.last):
             return False
-        if self.by_default is None or key(self.by_default[0]) <= k <= key(self.by_default[1]):
+        if self.by_default is None or self.by_default and key(self.by_default[0]) <= k <= key(self.by_default[1]):
             return True
         return bool(self.knobs) and set(self.knobs) <= set(knobs)
 
@@ -57,6 +57,12 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
             vector="vectors/regressions/checkpoint-short-rematch.jsonl"),
+    # the same, where the insert finds part of the key in the tree already: SGLang's own
+    # assertion on the short match fires first (both trees)
+    Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"), ("crashed",),
+            by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
+            says=r"^prefill_chunk raised AssertionError: new_prefix_len=",
+            vector="vectors/regressions/checkpoint-short-rematch-assert.jsonl"),
     # the same, on the Rust core, whose tree cannot be walked: the tree's free of pages the
     # request already freed trips the allocator's assertion when the drain evicts
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("crashed",),
@@ -69,6 +75,10 @@ FINDINGS = (
     # the same since 0.5.19 (its vector is skipped before); the Rust core's tree cannot be walked.
     Finding("pd-tail-not-rounded", "bug", "0.5.19", "0.5.23", None, ("python",), ("I10",),
             says="new leaf with live SWA", vector="adapters/sglang/divergences/SGL-11.jsonl"),
+    # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
+    Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),
+            by_default=(), knobs=("early-swa-unlock",), says="SWA lock segment|SWA-locked node",
+            vector="vectors/regressions/early-swa-unlock.jsonl"),
     Finding("revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"),
             ("I11", "I14", "I1", "I4"), vector="vectors/regressions/revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
