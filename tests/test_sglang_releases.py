@@ -147,6 +147,19 @@ def test_early_swa_unlock_is_explained_only_with_its_knob_and_before_a_bug_of_th
         assert explain(c, c["runs"][0]) == explained, (release, tree, knobs)
 
 
+def test_the_rust_cores_crash_forms_of_the_short_rematch_are_explained_only_where_it_shipped():
+    """The Rust core cannot be walked: its double ownership shows as an allocator assertion in an
+    eviction or a later prefill (0.5.20 - 0.5.22), or as SGLang's own new_prefix_len assertion."""
+    for message, release, explained in (("prefill_chunk raised AssertionError: ", "0.5.21", True),
+                                        ("evict raised AssertionError: ", "0.5.22", True),
+                                        ("prefill_chunk raised AssertionError: new_prefix_len=4, len(new_indices)=0", "0.5.19", True),
+                                        ("prefill_chunk raised AssertionError: ", "0.5.23", False),
+                                        ("decode raised AssertionError: ", "0.5.21", False)):
+        c = cell(release, "rust", [])
+        c["runs"][0].update(verdict="crashed", message=message)
+        assert (explain(c, c["runs"][0]) == "checkpoint-short-rematch") == explained, (message, release)
+
+
 def test_an_engine_does_not_inherit_the_knobs_of_one_built_before_it_in_its_process():
     """0.5.23 copies the deprecated name of its early-unlock knob into the new one: the adapter
     clears both, or every engine after an `+early-swa-unlock` one in a process would unlock early."""
