@@ -33,8 +33,9 @@ class Finding:
     runs: tuple[str, ...] = ()
     """The runs (labels, or their start) it shows in, or () for any."""
     vector: str | None = None
-    """Its regression vector, relative to the repository (bugs): a trace under
-    vectors/regressions/, or the trace of the known divergence the bug is recorded as."""
+    """Its regression vector, relative to the repository: a trace under vectors/regressions/,
+    or the trace of the known divergence a bug is also recorded as. Every bug has one; a
+    divergence may, to pin which members keep it."""
 
     def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
         """Whether a member of `release` with `knobs` turned has it (any tree it names)."""

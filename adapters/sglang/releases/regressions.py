@@ -1,6 +1,6 @@
-"""The regression vectors of the bugs the history table found (findings.py), replayed on
-every installed release: each must fail, on a clause of its finding, on every release
-that has the bug, and pass on every other.
+"""The regression vectors of what the history table found (findings.py), replayed on
+every installed release: each must fail, on a clause of its finding, on every member
+that has the bug (or keeps the divergence), and pass on every other.
 
 A vector is a kvspec trace under `vectors/regressions/`, or a known divergence's trace
 (no expected observables are compared: they differ between releases). It is replayed with
