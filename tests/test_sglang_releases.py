@@ -100,9 +100,17 @@ def test_shards_split_the_members_and_cover_them_once():
         history.shard(names, "4/3")
 
 
-def cell(release, tree, clauses, knobs=()):
-    run = {"label": "engine P=4 W=6 I=4", "verdict": "violated" if clauses else "ok", "clauses": clauses,
-           "message": "", "trace": "t.jsonl" if clauses else None, "trace_steps": 2 if clauses else None,
+def require_release(release):
+    """A release this test replays on: missing, a failure under CI (REQUIRED), else a skip."""
+    if not environment.installed(release):
+        if REQUIRED:
+            pytest.fail(f"SGLang {release} is not installed: {environment.install_command(release)}")
+        pytest.skip(f"SGLang {release} is not installed: {environment.install_command(release)}")
+
+
+def cell(release, tree, clauses, knobs=(), message="", verdict=None):
+    run = {"label": "engine P=4 W=6 I=4", "verdict": verdict or ("violated" if clauses else "ok"), "clauses": clauses,
+           "message": message, "trace": "t.jsonl" if clauses else None, "trace_steps": 2 if clauses else None,
            "first_failure_seconds": 0.5 if clauses else None}
     return {"member": f"sglang@{release}-{tree}", "release": release, "tree": tree, "knobs": list(knobs),
             "policy_version": "max-window-page", "verdict": run["verdict"], "runs": [run], "seconds": 1.0}
@@ -127,8 +135,7 @@ def test_the_table_meets_the_pd_tail_bug_that_the_gating_adapters_steer_clear_of
     assert "pd_decode" not in MEMBERS.members["0.5.22-python"].capabilities
     short = "violated at step 0: [I10] request r1: new leaf with live SWA [8, 12), fewer than min(W, E) = 6"
     for release, tree, explained in (("0.5.23", "python", True), ("0.5.23", "rust", False), ("0.5.18", "python", False)):
-        c = cell(release, tree, ["I10"])
-        c["runs"][0]["message"] = short
+        c = cell(release, tree, ["I10"], message=short)
         assert (explain(c, c["runs"][0]) == "pd-tail-not-rounded") == explained, (release, tree)
     c = cell("0.5.23", "python", ["I10"])  # another I10 is not this bug
     assert explain(c, c["runs"][0]) is None
@@ -142,8 +149,7 @@ def test_early_swa_unlock_is_explained_only_with_its_knob_and_before_a_bug_of_th
                                             ("0.5.23", "python", ("early-swa-unlock",), "early-swa-unlock"),
                                             ("0.5.23", "python", (), None), ("0.5.14", "legacy", (), "revive-frees-locked-full"),
                                             ("0.5.23", "rust", ("early-swa-unlock",), None)):
-        c = cell(release, tree, ["I11"], knobs)
-        c["runs"][0]["message"] = early
+        c = cell(release, tree, ["I11"], knobs, message=early)
         assert explain(c, c["runs"][0]) == explained, (release, tree, knobs)
 
 
@@ -155,18 +161,14 @@ def test_the_rust_cores_crash_forms_of_the_short_rematch_are_explained_only_wher
                                         ("prefill_chunk raised AssertionError: new_prefix_len=4, len(new_indices)=0", "0.5.19", True),
                                         ("prefill_chunk raised AssertionError: ", "0.5.23", False),
                                         ("decode raised AssertionError: ", "0.5.21", False)):
-        c = cell(release, "rust", [])
-        c["runs"][0].update(verdict="crashed", message=message)
+        c = cell(release, "rust", [], message=message, verdict="crashed")
         assert (explain(c, c["runs"][0]) == "checkpoint-short-rematch") == explained, (message, release)
 
 
 def test_an_engine_does_not_inherit_the_knobs_of_one_built_before_it_in_its_process():
     """0.5.23 copies the deprecated name of its early-unlock knob into the new one: the adapter
     clears both, or every engine after an `+early-swa-unlock` one in a process would unlock early."""
-    if not environment.installed("0.5.23"):
-        if REQUIRED:
-            pytest.fail(f"SGLang 0.5.23 is not installed: {environment.install_command('0.5.23')}")
-        pytest.skip(f"SGLang 0.5.23 is not installed: {environment.install_command('0.5.23')}")
+    require_release("0.5.23")
     script = ("import json, sys; from pathlib import Path; from kvspec.adapters.sglang.releases.regressions import "
               "ROOT, replay_here; vector = ROOT / 'vectors/regressions/early-swa-unlock.jsonl'; print(json.dumps("
               "[replay_here(member, vector)['conforms'] for member in sys.argv[1:]]))")
@@ -198,10 +200,7 @@ def test_the_table_merges_shards_and_fails_on_an_unexplained_violation(tmp_path)
 
 @pytest.mark.parametrize("release", environment.RELEASES)
 def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere(release):
-    if not environment.installed(release):
-        if REQUIRED:
-            pytest.fail(f"SGLang {release} is not installed: {environment.install_command(release)}")
-        pytest.skip(f"SGLang {release} is not installed: {environment.install_command(release)}")
+    require_release(release)
     from kvspec.adapters.sglang.releases.regressions import replay_release
     results = replay_release(release)
     assert results, f"no regression vector applies to {release}"
