@@ -69,8 +69,8 @@ class ReferenceEngineAdapter:
 
     def __getattr__(self, operation):
         # the operations, and a partial snapshot (OBS-4) where the engine shows one (the two-pool engine)
-        if operation in {"admit", "pd_admit", "prefill_chunk", "decode", "finish", "abort", "retract", "evict",
-                         "partial_snapshot"}:
+        if operation in {"admit", "pd_admit", "prefill_chunk", "prefill_batch", "decode", "finish", "abort", "retract",
+                         "evict", "partial_snapshot"}:
             return getattr(self.engine, operation)
         raise AttributeError(operation)
 
@@ -99,7 +99,7 @@ class ADAPTER:
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                     "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
                     "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed",
-                    "pd_checkpoint_keeps_window")
+                    "pd_checkpoint_keeps_window", "batched_prefill")
     version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

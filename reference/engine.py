@@ -223,25 +223,49 @@ class Engine:
         """[LIFE-4] Compute the next `chunk_len` prompt tokens (fewer at the end), then
         checkpoint them into the prefix cache. The last chunk samples `next_token`."""
         self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
-        request = self.requests[rid]
-        start = request.kv_committed_len
-        end = min(start + chunk_len, len(request.tokens))
+        return self.prefill([(self.requests[rid], chunk_len, next_token)])
+
+    def prefill_batch(self, chunks: list[dict]) -> OutOfMemory | None:
+        """[LIFE-9] One chunk of each of several requests in one step: every extend is
+        allocated (all or none), then the chunks that end their prompts are checkpointed in
+        order inside one free group, as a scheduler processes a batch's results, then the
+        others (a scheduler checkpoints a request still being chunked at its next round)."""
+        self.refuse_misuse(EngineOperation.PREFILL_BATCH, chunks=chunks)
+        return self.prefill([(self.requests[c["rid"]], c["chunk"], c["token"]) for c in chunks])
+
+    def prefill(self, chunks: list[tuple[Request, int, int]]) -> OutOfMemory | None:
+        """Allocate every chunk's extend at once (LIFE-7 eviction first), compute, then checkpoint."""
+        extents = [(request, request.kv_committed_len, min(request.kv_committed_len + chunk_len, len(request.tokens)))
+                   for request, chunk_len, _ in chunks]
         if self.tree is None:  # no prefix cache: the scheduler evicts before each extend
-            free_swa_out_of_window_slots(self.allocator, request, start, self.window, self.page_size,
-                                         self.policy.version, eviction_interval=1)
-        pages = new_pages_for_extend(start, end, self.page_size)
-        last_loc = int(request.slots(start - 1, start)[0]) if start else -1
-        slots = self.make_room(pages, pages) or self.allocator.alloc_extend([start], [end], [last_loc])
+            for request, start, _ in extents:
+                free_swa_out_of_window_slots(self.allocator, request, start, self.window, self.page_size,
+                                             self.policy.version, eviction_interval=1)
+        pages = sum(new_pages_for_extend(start, end, self.page_size) for _, start, end in extents)
+        last_locs = [int(request.slots(start - 1, start)[0]) if start else -1 for request, start, _ in extents]
+        slots = self.make_room(pages, pages) or self.allocator.alloc_extend(
+            [start for _, start, _ in extents], [end for _, _, end in extents], last_locs)
         if isinstance(slots, OutOfMemory):
             return slots
-        self.set_row(request, start, slots)
-        request.kv_allocated_len = request.kv_committed_len = end
-        self.compute(request, start, end)
+        offset = 0
+        for request, start, end in extents:
+            self.set_row(request, start, slots[offset:offset + end - start])
+            offset += end - start
+            request.kv_allocated_len = request.kv_committed_len = end
+            self.compute(request, start, end)
+        completing = [(request, end) for request, _, end in extents if end == len(request.tokens)]
         if self.tree is not None:
-            self.checkpoint(request, end, finished=False)
-        if end == len(request.tokens):
+            self.allocator.free_group_begin()
+            for request, end in completing:
+                self.checkpoint(request, end, finished=False)
+            self.allocator.free_group_end()
+            for request, _, end in extents:
+                if end < len(request.tokens):
+                    self.checkpoint(request, end, finished=False)
+        next_tokens = {request: token for request, _, token in chunks}
+        for request, _ in completing:
             request.finished_prefill = True
-            request.tokens.append(next_token)
+            request.tokens.append(next_tokens[request])
         return None
 
     def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:

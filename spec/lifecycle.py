@@ -1,7 +1,7 @@
-"""The request lifecycle [LIFE-1 .. LIFE-7]: the engine's operations and the decisions they rest on.
+"""The request lifecycle [LIFE-1 .. LIFE-9]: the engine's operations and the decisions they rest on.
 
-The engine's operations (admit, prefill chunk, decode step, finish, abort, retract,
-PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
+The engine's operations (admit, prefill chunk, prefill batch, decode step, finish, abort,
+retract, PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
 states their signatures, `refusal` the misuse every engine must refuse (LIFE-1), and the
 functions below the arithmetic they rest on, so that an implementation and the reference
 compute the same boundaries.
@@ -22,6 +22,7 @@ class EngineOperation(Name):
     ADMIT = "admit"
     PD_ADMIT = "pd_admit"
     PREFILL_CHUNK = "prefill_chunk"
+    PREFILL_BATCH = "prefill_batch"
     DECODE = "decode"
     FINISH = "finish"
     ABORT = "abort"
@@ -42,6 +43,12 @@ class EngineOperations(Protocol):
 
     def prefill_chunk(self, rid: str, chunk: int, token: int) -> OutOfMemory | None:
         """[LIFE-4] Compute the next `chunk` prompt tokens and checkpoint them; the last one samples `token`."""
+
+    def prefill_batch(self, chunks: Sequence[Mapping]) -> OutOfMemory | None:
+        """[LIFE-9] One prefill chunk of each of several requests in one step: every chunk is
+        allocated, then every one is checkpointed in order, all their frees in one free group.
+        `chunks`: {"rid", "chunk", "token"} each, as prefill_chunk takes them. Optional: an
+        engine offers it with the capability batched_prefill."""
 
     def decode(self, rid: str, token: int) -> OutOfMemory | None:
         """[LIFE-8] Window eviction when due, then one slot for the last sampled token; samples `token`."""
@@ -97,6 +104,8 @@ def refusal(operation: str, args: Mapping, running: Mapping[str, RunningRequest]
         if args["full_tokens"] < 0 or args["swa_tokens"] < 0:
             return f"evict needs non-negative token counts (got {args['full_tokens']}, {args['swa_tokens']})"
         return None
+    if operation == EngineOperation.PREFILL_BATCH:
+        return batch_refusal(args["chunks"], running, retracted, size_full)
     if rid not in running:
         return f"unknown request {rid!r}: admit it first (running: {sorted(running)})"
     request = running[rid]
@@ -115,6 +124,21 @@ def refusal(operation: str, args: Mapping, running: Mapping[str, RunningRequest]
             return f"request {rid!r} cannot finish during prefill; abort it instead"
         if not 0 <= args["trim"] <= request.trimmable:
             return f"request {rid!r}: trim {args['trim']} must lie within its own tokens (0..{request.trimmable})"
+    return None
+
+
+def batch_refusal(chunks: Sequence[Mapping], running: Mapping[str, RunningRequest], retracted: Collection[str],
+                  size_full: int) -> str | None:
+    """[LIFE-1, LIFE-9] A prefill batch is refused when it has no chunk, names a request twice,
+    or has a chunk that prefill_chunk would refuse."""
+    if not chunks:
+        return "a prefill batch needs at least one chunk"
+    rids = [chunk["rid"] for chunk in chunks]
+    if twice := sorted({rid for rid in rids if rids.count(rid) > 1}):
+        return f"a prefill batch names request {twice[0]!r} twice; give each request one chunk"
+    for chunk in chunks:
+        if why := refusal(EngineOperation.PREFILL_CHUNK, chunk, running, retracted, size_full):
+            return f"in the batch: {why}"
     return None
 
 

@@ -127,9 +127,16 @@ class Step:
     """[OBS-2] The operation that led from one snapshot to the next."""
 
     operation: str
-    """An EngineOperation: admit, pd_admit, prefill_chunk, decode, finish, abort, retract or evict."""
+    """An EngineOperation: admit, pd_admit, prefill_chunk, prefill_batch, decode, finish, abort, retract or evict."""
     rid: str | None = None
     outcome: Outcome = Outcome.OK
+    batch: tuple[str, ...] = ()
+    """The requests of a prefill_batch step, in its order (LIFE-9); rid is None there."""
+
+    @property
+    def rids(self) -> tuple[str, ...]:
+        """The requests the step names: its batch's, or its one request."""
+        return self.batch or (() if self.rid is None else (self.rid,))
 
 
 def request_lengths(snapshot: EngineSnapshot) -> dict[str, list[int]]:

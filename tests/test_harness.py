@@ -128,9 +128,11 @@ def test_a_failure_of_the_adapter_compared_against_is_its_own_and_replays_on_it(
 def test_shrinking_stops_at_the_budget_and_the_report_says_so(tmp_path):
     """--shrink-seconds bounds shrinking; the run says how long it took to find the
     counterexample and how long it shrank, and that it stopped at the budget. (The
-    mutant's counterexample shrinks for 20-60 s unbounded: 0.5 s cannot finish it.)"""
+    mutant's counterexample shrinks for 20-60 s unbounded: 0.5 s cannot finish it. The
+    quick profile finds it at most seeds, not all: seed 1 is one where it does, with the
+    engine machine's rules as they are; benchmarks/results/quick-detection.md counts them.)"""
     result = kvspec("check", "--adapter", "mutant-leak-on-release", "--run", "engine P=4 W=7 I=1", "--profile",
-                    "quick", "--seed", "0", "--shrink-seconds", "0.5", "--json", "r.json", cwd=tmp_path)
+                    "quick", "--seed", "1", "--shrink-seconds", "0.5", "--json", "r.json", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "then shrunk for" in result.stdout and "stopped at its 0.5 s budget)" in result.stdout, result.stdout
     run = json.loads((tmp_path / "r.json").read_text())["runs"][0]

@@ -27,6 +27,11 @@ MISUSE = [  # (operation, args, words of the refusal)
     (EngineOperation.PREFILL_CHUNK, {"rid": "x", "chunk": 4, "token": 0}, "unknown request"),
     (EngineOperation.PREFILL_CHUNK, {"rid": "d", "chunk": 4, "token": 0}, "has finished its prefill"),
     (EngineOperation.PREFILL_CHUNK, {"rid": "p", "chunk": 0, "token": 0}, "chunk_len >= 1"),
+    (EngineOperation.PREFILL_BATCH, {"chunks": []}, "at least one chunk"),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "p", "chunk": 4, "token": 0}] * 2}, "names request 'p' twice"),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "p", "chunk": 4, "token": 0},
+                                                {"rid": "d", "chunk": 4, "token": 0}]}, "has finished its prefill"),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "x", "chunk": 4, "token": 0}]}, "unknown request"),
     (EngineOperation.DECODE, {"rid": "p", "token": 0}, "still in prefill"),
     (EngineOperation.FINISH, {"rid": "p", "trim": 0}, "cannot finish during prefill"),
     (EngineOperation.FINISH, {"rid": "d", "trim": 5}, "trim 5 must lie within"),
@@ -40,6 +45,7 @@ ALLOWED = [
     (EngineOperation.ADMIT, {"rid": "w", "prompt": None}),
     (EngineOperation.PD_ADMIT, {"rid": "x", "prompt": [1, 2], "first_output": 3}),
     (EngineOperation.PREFILL_CHUNK, {"rid": "p", "chunk": 4, "token": 0}),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "p", "chunk": 4, "token": 0}]}),
     (EngineOperation.DECODE, {"rid": "d", "token": 0}),
     (EngineOperation.FINISH, {"rid": "d", "trim": 4}),
     (EngineOperation.ABORT, {"rid": "p"}),
@@ -74,4 +80,16 @@ def test_the_reference_refuses_with_the_specs_words():
         engine.decode("r", 0)  # still in prefill
     running = {"r": RunningRequest(False, 5, 0)}
     assert str(raised.value) == refusal(EngineOperation.DECODE, {"rid": "r"}, running, (), 64)
+    assert engine.snapshot() == before
+
+
+def test_the_reference_refuses_a_batch_whole():
+    """[LIFE-9] A batch with one chunk the lifecycle forbids is refused before any chunk runs."""
+    engine = Engine(EngineConfig(page_size=4, window=8, size_full=64, size_swa=32))
+    engine.admit("a", [1, 2, 3, 4, 5])
+    engine.admit("b", [1, 2, 3])
+    engine.prefill_chunk("b", 8, 0)  # b has finished its prefill
+    before = engine.snapshot()
+    with pytest.raises(InvalidRequest, match="in the batch: request 'b' has finished its prefill"):
+        engine.prefill_batch([{"rid": "a", "chunk": 4, "token": 0}, {"rid": "b", "chunk": 4, "token": 0}])
     assert engine.snapshot() == before

@@ -117,13 +117,28 @@ def cell(release, tree, clauses, knobs=(), message="", verdict=None):
 
 
 def test_a_violation_is_explained_only_inside_its_findings_range():
-    finding = FINDINGS[0]
+    finding = next(finding for finding in FINDINGS if finding.id == "checkpoint-short-rematch")
     assert explain(cell("0.5.22", "python", ["I4"]), cell("0.5.22", "python", ["I4"])["runs"][0]) == finding.id
     for release, knobs in (("0.5.23", ()), ("0.5.14", ()), ("0.5.17", ())):
         c = cell(release, "python", ["I4"], knobs)
         assert explain(c, c["runs"][0]) != finding.id, release
     c = cell("0.5.17", "python", ["I4"], ("chunk-release",))
     assert explain(c, c["runs"][0]) == finding.id  # before 0.5.18 it needs the chunk release turned on
+
+
+def test_a_batchs_group_end_free_is_told_from_the_short_rematch_by_its_step_and_words():
+    """0.5.18 has both bugs, on overlapping clauses: the grouped free is a prefill batch's
+    step whose live SWA maps to nothing; the same clauses after a single chunk are the rematch."""
+    batch = ("after Step(operation='prefill_batch', rid=None, outcome=<Outcome.OK: 'ok'>, batch=('a', 'b')):\n"
+             "[I3] swa pool: 11 free + 0 pending + 4 held = 15 pages, but the pool has 16 (leaked pages)\n"
+             "[I5] position 12 (full slot 16) has live SWA KV but maps to 0")
+    c = cell("0.5.18", "python", ["I3", "I5"], message=batch)
+    assert explain(c, c["runs"][0]) == "grouped-swa-free-remap"
+    single = batch.replace("'prefill_batch', rid=None", "'prefill_chunk', rid='a'")
+    c = cell("0.5.18", "python", ["I3", "I5"], message=single)
+    assert explain(c, c["runs"][0]) == "checkpoint-short-rematch"
+    c = cell("0.5.19", "python", ["I3", "I5"], message=batch)
+    assert explain(c, c["runs"][0]) == "checkpoint-short-rematch"  # 0.5.19 has only the rematch
 
 
 def test_the_table_meets_the_pd_tail_bug_that_the_gating_adapters_steer_clear_of():

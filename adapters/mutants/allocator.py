@@ -158,3 +158,58 @@ class ONE_POOL_AVAILABLE(Mutant, slug="one-pool-available", allocator=OnePoolCap
     crash_message = "OutOfMemory"
     exposed_by = Run(page_size=4)
     reverts = "SGLang's new_pages_available asks both sub-allocators (docs/engines/sglang.md §2.3)"
+
+
+class GroupEndMappingAllocator(HybridAllocator):
+    queued: list[Slots] | None = None
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self.queued = []
+
+    def release_swa_strict(self, full_slots: Slots, operation: str) -> None:
+        if self.queued is None:
+            return super().release_swa_strict(full_slots, operation)
+        self.queued.append(full_slots)  # BUG: the SWA peers are read at free_group_end
+
+    def free_swa(self, full_slots: Slots) -> None:
+        if self.queued is None:
+            return super().free_swa(full_slots)
+        self.queued.append(self.as_slots(full_slots))  # BUG: likewise
+
+    def check_no_live_peer(self, full_slots: Slots, operation: str) -> None:
+        if self.queued:  # their peers are queued for release, as SGLang 0.5.18 saw it
+            full_slots = full_slots[~torch.isin(full_slots, torch.cat(self.queued))]
+        super().check_no_live_peer(full_slots, operation)
+
+    def move_swa_peers(self, from_full: Slots, to_full: Slots) -> None:
+        peers = self.mapping[from_full]  # to_full's old peers may still be queued: overwritten, as SGLang did
+        self.mapping[from_full] = NO_SWA_PEER
+        self.set_mapping(to_full, peers)
+
+    def free_group_end(self) -> None:
+        queued, self.queued = self.queued or [], None
+        for full_slots in queued:
+            pages = self.full.page_slots(torch.unique(full_slots // self.page_size))
+            peers = self.mapping[pages]  # whatever peers a cache action inside the group installed
+            self.mapping[pages] = NO_SWA_PEER
+            swa_pages = torch.unique(peers[peers > 0] // self.page_size)
+            self.swa.release_pages(swa_pages[~(self.swa.page_is_free[swa_pages] | self.swa.page_is_pending[swa_pages])])
+        super().free_group_end()
+
+
+class GROUP_END_MAPPING(Mutant, slug="group-end-mapping", engine=engine_with_allocator(GroupEndMappingAllocator)):
+    """An SWA free inside a free group queues the full slots and reads their SWA peers from
+    the mapping only at free_group_end (I16's rule: resolve the mapping when the free is
+    queued). A cache action later in the same group that gives one of those full slots a new
+    SWA peer then has that peer freed: a prefill batch (LIFE-9) whose second request's
+    checkpoint revives, onto its own SWA, a tombstone the first one's window release made
+    over locked full KV, has that SWA freed under the live node: here the revived node's
+    full slots then map to nothing (I5), and SGLang 0.5.18, which shipped the bug, leaves
+    the tree holding a free SWA page (I4; docs/engines/sglang-findings.md,
+    grouped-swa-free-remap)."""
+
+    clause, invariant_class = "I5", "mapping"
+    exposed_by = Run(page_size=4, window=8, interval=1)
+    reverts = ("docs/engines/sglang-findings.md, grouped-swa-free-remap: SGLang 0.5.19 resolves and clears the "
+               "mapping when a grouped free_swa is queued (mem_cache/allocator/swa.py:367-375)")

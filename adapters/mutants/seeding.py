@@ -57,7 +57,7 @@ def engine_with_frontier(frontier) -> type[Engine]:
 
     class SeededEngine(engine_with_swa_component(SeededSWAComponent)):
         decode = with_names(Engine.decode, free_swa_out_of_window_slots=evict)
-        prefill_chunk = with_names(Engine.prefill_chunk, free_swa_out_of_window_slots=evict)
+        prefill = with_names(Engine.prefill, free_swa_out_of_window_slots=evict)
 
     return SeededEngine
 

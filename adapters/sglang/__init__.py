@@ -11,6 +11,7 @@ from .allocator import SglangAllocatorAdapter
 from .engine import SglangEngine
 
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
+                "batched_prefill",
                 "pd_decode", "recurrent_state")
 """Not refuses_misuse, not atomic_alloc_decode, not releases_state_at_stop, not
 pd_checkpoint_keeps_window: see the known divergences. recurrent_state: FULL + SWA + MAMBA

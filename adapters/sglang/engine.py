@@ -56,6 +56,12 @@ class KvFields(NamedTuple):
     committed: int
 
 
+def extend_demand(extents: list[tuple[int, int]], page_size: int) -> int:
+    """What alloc_for_extend evicts for, in tokens, for extends (prefix_len, seq_len): each
+    extend and, above page size 1, a page per request (its conservative demand)."""
+    return sum(seq_len - prefix_len + (page_size if page_size > 1 else 0) for prefix_len, seq_len in extents)
+
+
 @contextlib.contextmanager
 def quiet():
     """SGLang prints its tree on a failed allocation; keep the run's output the
@@ -98,6 +104,9 @@ class SglangEngine:
         publish_server_args(config.page_size, config.policy.decode_eviction_interval,
                             mamba_chunk_size=config.state_grid if self.state else None)
         self.config = config
+        self.groups_prefill_results = tuple(int(part) for part in release.split(".")[:3]) >= (0, 5, 18)
+        """process_batch_result_prefill opens a free group around a batch's results from 0.5.18
+        (0.5.18 managers/scheduler_components/batch_result_processor.py:199, 365; 0.5.23 :264, 501)."""
         self.P = config.page_size
         self.tree_core = tree
         self.allocator = build_allocator(config.size_full, config.size_swa, config.page_size)
@@ -179,11 +188,11 @@ class SglangEngine:
         if why := refusal(operation, args, running, self.retracted, self.config.size_full):
             raise InvalidRequest(why)
 
-    def batch(self, req, mode: str):
-        """A one-request ScheduleBatch with the fields SGLang's allocation paths read."""
+    def batch(self, reqs: list, mode: str):
+        """A ScheduleBatch of these requests with the fields SGLang's allocation paths read."""
         s = self.s
         batch = object.__new__(s.ScheduleBatch)
-        batch.reqs = [req]
+        batch.reqs = list(reqs)
         batch.tree_cache = self.cache
         batch.token_to_kv_pool_allocator = self.allocator
         batch.req_to_token_pool = self.req_to_token_pool
@@ -197,17 +206,15 @@ class SglangEngine:
         batch.spec_algorithm = types.SimpleNamespace(is_none=lambda: True)
         return batch
 
-    def extend_fits(self, prefix_len: int, seq_len: int) -> bool:
-        """The scheduler's gate before an extend (SGLang's prefill adder never schedules
-        one that cannot be allocated; a failing alloc_for_extend is fatal there, and
-        leaves the request holding an empty row): evict what the allocation path would
-        (its conservative demand, extend + one page per request), then SGLang's own
-        capacity check."""
-        P = self.P
-        demand = seq_len - prefix_len + (P if P > 1 else 0)
+    def extend_fits(self, extents: list[tuple[int, int]]) -> bool:
+        """The scheduler's gate before a batch of extends, each (prefix_len, seq_len)
+        (SGLang's prefill adder never schedules one that cannot be allocated; a failing
+        alloc_for_extend is fatal there, and leaves the request holding an empty row): evict
+        what the allocation path would (its conservative demand, extend + one page per
+        request), then SGLang's own capacity check."""
         with quiet():
-            self.allocator.evict_to_free_tokens(self.cache, demand)
-        pages = new_pages_for_extend(prefix_len, seq_len, P)
+            self.allocator.evict_to_free_tokens(self.cache, extend_demand(extents, self.P))
+        pages = sum(new_pages_for_extend(prefix_len, seq_len, self.P) for prefix_len, seq_len in extents)
         return self.allocator.new_pages_available(pages, pages)
 
     def out_of_memory(self) -> OutOfMemory:
@@ -357,36 +364,62 @@ class SglangEngine:
     # -- prefill and decode ---------------------------------------------------------------
 
     def prefill_chunk(self, rid: str, chunk_len: int, next_token: int = 0) -> OutOfMemory | None:
-        s = self.s
         self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)
-        req = self.requests[rid]
-        prefix_len, extend_end, fill_len = self.start_extend(req, chunk_len)
-        batch = self.batch(req, "EXTEND")
-        batch.prefix_lens = [prefix_len]
-        batch.extend_lens = [extend_end - prefix_len]
-        batch.extend_num_tokens = extend_end - prefix_len
-        batch.seq_lens = s.torch.tensor([extend_end], dtype=s.torch.int64)
+        return self.prefill([(rid, chunk_len, next_token)])
+
+    def prefill_batch(self, chunks: list[dict]) -> OutOfMemory | None:
+        """[LIFE-9] One extend batch, as the scheduler runs it: alloc_for_extend of the
+        whole batch, the forward, then process_batch_result_prefill, which checkpoints the
+        requests whose prompts the batch completes inside one free group (from 0.5.18:
+        groups_prefill_results); a request still being chunked is checkpointed at the next
+        round (get_new_batch_prefill), outside it."""
+        self.refuse_misuse(EngineOperation.PREFILL_BATCH, chunks=chunks)
+        return self.prefill([(chunk["rid"], chunk["chunk"], chunk["token"]) for chunk in chunks])
+
+    def prefill(self, chunks: list[tuple[str, int, int]]) -> OutOfMemory | None:
+        s = self.s
+        reqs = [self.requests[rid] for rid, _, _ in chunks]
+        extents = [self.start_extend(req, chunk_len) for req, (_, chunk_len, _) in zip(reqs, chunks)]
+        batch = self.batch(reqs, "EXTEND")
+        batch.prefix_lens = [prefix_len for prefix_len, _, _ in extents]
+        batch.extend_lens = [extend_end - prefix_len for prefix_len, extend_end, _ in extents]
+        batch.extend_num_tokens = sum(batch.extend_lens)
+        batch.seq_lens = s.torch.tensor([extend_end for _, extend_end, _ in extents], dtype=s.torch.int64)
         batch.seq_lens_cpu = batch.seq_lens.clone()
-        if not self.extend_fits(prefix_len, extend_end):
+        if not self.extend_fits([(prefix_len, extend_end) for prefix_len, extend_end, _ in extents]):
             return self.out_of_memory()
         with quiet():
             s.alloc_for_extend(batch)
         if self.state:  # the forward: the recurrent layers read the chunk (state.py)
             self.state_model.before_forward(batch)
-            self.state_model.forward(req, req.full_untruncated_fill_ids[prefix_len:extend_end])
-        self.extended(req, extend_end)
-        req.extend_batch_idx += 1
-        self.checkpoint(req)
-        if extend_end == fill_len:
+        for req, (prefix_len, extend_end, _) in zip(reqs, extents):
+            if self.state:
+                self.state_model.forward(req, req.full_untruncated_fill_ids[prefix_len:extend_end])
+            self.extended(req, extend_end)
+            req.extend_batch_idx += 1
+        completing = [(rid, req, token) for (rid, _, token), req, (_, extend_end, fill_len)
+                      in zip(chunks, reqs, extents) if extend_end == fill_len]
+        # a one-request batch's group changes nothing observable (its window release frees only
+        # positions its own insert leaves tombstoned), so a single chunk runs without one
+        group = self.groups_prefill_results and len(reqs) > 1
+        if group:
+            self.allocator.free_group_begin()
+        for rid, req, token in completing:
+            self.checkpoint(req)
             self.finished_prefill.add(rid)
-            req.output_ids.append(next_token)
+            req.output_ids.append(token)
+        if group:
+            self.allocator.free_group_end()
+        for (rid, _, _), req in zip(chunks, reqs):
+            if rid not in self.finished_prefill:
+                self.checkpoint(req)
         return None
 
     def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:
         s = self.s
         self.refuse_misuse(EngineOperation.DECODE, rid=rid)
         req = self.requests[rid]
-        batch = self.batch(req, "DECODE")
+        batch = self.batch([req], "DECODE")
         kv = self.kv(req)
         batch.seq_lens = s.torch.tensor([kv.committed], dtype=s.torch.int64)
         batch.seq_lens_cpu = batch.seq_lens.clone()

@@ -541,6 +541,10 @@ class HIT_WITHOUT_CHECKPOINT(SglangMutant, slug="hit-without-checkpoint"):
 # -- bugs of the zoo with no SGLang patch here ---------------------------------------------------
 
 NOT_PATCHED = {
+    "group-end-mapping": "SGLang 0.5.18 shipped this bug (finding grouped-swa-free-remap: its regression vector "
+                         "fails on sglang@0.5.18 and passes on every other release); 0.5.23 resolves a grouped SWA "
+                         "free's mapping when it is queued in two functions (free_swa, _free_swa_pages) and releases "
+                         "in a third (free_group_end), so undoing it is a rewrite, not a patch",
     "pd-checkpoint-short": "SGLang 0.5.23 already has this bug (known divergence SGL-11, its PD-decode admission "
                            "checkpoints a leaf short of a window); the reference mutant shows it",
     "non-atomic-decode": "SGLang 0.5.23 already has this bug (known divergence SGL-6, alloc_decode keeps the full "

@@ -76,7 +76,7 @@ class EngineDriver:
         if failed:
             self.log(f"  -> {result}")
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
-        self.check(Step(operation, args.get("rid"), outcome))
+        self.check(Step(operation, args.get("rid"), outcome, batch=tuple(chunk["rid"] for chunk in args.get("chunks", ()))))
         return outcome
 
     def refused(self, step: TraceStep):

@@ -14,7 +14,8 @@ be refused with InvalidRequest. Every step is `note()`d and recorded (see trace.
 ENGINE_OPERATIONS. Capabilities the adapter lacks turn rules off: without `pd_decode`
 no PD-decode admissions (without `pd_checkpoint_keeps_window`, none at windows where an
 admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
-`chunked_prefill` every prefill is one chunk. With
+`chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
+step is one request's. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -47,6 +48,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
     """With `state_grid`, every engine has a recurrent-state pool (chapter 09) of a few
     slots more than it must have at least, with that checkpoint grid."""
     P, W, G = page_size, window, state_grid
+    capabilities = frozenset(capabilities)
     longest_prompt = 2 * W + 4 * P
 
     class EngineMachine(RecordingMachine):
@@ -134,6 +136,22 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
                 self.prefilling.remove(rid)
                 self.decoding.add(rid)
 
+        def prefill_batch(self, data):
+            """One chunk of each of several prefilling requests in one step (LIFE-9), often each
+            to the end of its prompt: requests sharing a prefix then checkpoint in one free group."""
+            rids = data.draw(st.lists(st.sampled_from(sorted(self.prefilling)), min_size=2, unique=True))
+            whole = longest_prompt + 3 * W
+            sizes = st.just(whole) | st.integers(1, 2 * W + 2 * P) if "chunked_prefill" in capabilities else st.just(whole)
+            chunks = [{"rid": rid, "chunk": data.draw(sizes), "token": data.draw(ALPHABET)} for rid in rids]
+            if self.run("prefill_batch", chunks=chunks)["outcome"] == "ok":
+                for rid in rids:
+                    if self.view(rid).finished_prefill:
+                        self.prefilling.remove(rid)
+                        self.decoding.add(rid)
+
+        if "batched_prefill" in capabilities:  # a rule, even one never enabled, would change every run's draws
+            prefill_batch = precondition(lambda self: len(self.prefilling) >= 2)(rule(data=st.data())(prefill_batch))
+
         @precondition(lambda self: self.decoding)
         @rule(data=st.data(), steps=st.integers(1, 2 * W + 8), token=ALPHABET)
         def decode(self, data, steps, token):
@@ -199,7 +217,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             if rid not in self.decoding:
                 self.run("finish", refuse=True, rid=rid, trim=0)
 
-    EngineMachine.capabilities = frozenset(capabilities)
+    EngineMachine.capabilities = capabilities
     EngineMachine.observables = frozenset(observables)
     EngineMachine.reset_counters()
     EngineMachine.__name__ = EngineMachine.__qualname__ = f"EngineMachine_P{P}_W{W}_{policy.version}"

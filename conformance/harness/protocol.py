@@ -61,7 +61,7 @@ from . import families
 CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                 "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
                 "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group",
-                "pd_checkpoint_keeps_window")
+                "pd_checkpoint_keeps_window", "batched_prefill")
 """recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
 show its memory model's snapshot with state; the runs with state need it, and those at a
 page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
@@ -78,7 +78,12 @@ the scheduler tier, a recurrent-state group beside the attention groups (the
 scheduler+state runs, SCHED-9). pd_checkpoint_keeps_window: a PD-decode admission whose
 prompt the engine checkpoints at once leaves that leaf a window (I10) at every window;
 without it pd_admit is drawn only at windows where WIN-6's tail keeps one anyway
-(`kvspec.spec.window.pd_checkpoint_at_risk`)."""
+(`kvspec.spec.window.pd_checkpoint_at_risk`). batched_prefill: the engine offers
+prefill_batch (LIFE-9), one chunk of each of several requests in one step; without it
+every prefill step is one request's (CAPABILITY_OPERATIONS)."""
+
+CAPABILITY_OPERATIONS = {"prefill_batch": "batched_prefill"}
+"""Engine operations an adapter offers only with a capability: required then, else never called."""
 
 
 class Allocator(HybridAllocatorOperations, Protocol):
@@ -111,14 +116,14 @@ def operations(protocol: type) -> tuple[str, ...]:
 
 
 ALLOCATOR_OPERATIONS = operations(Allocator)
-ENGINE_OPERATIONS = operations(Engine)
+ENGINE_OPERATIONS = tuple(operation for operation in operations(Engine) if operation not in CAPABILITY_OPERATIONS)
 SCHEDULER_OPERATIONS = operations(Scheduler)
 PARAMETERS: dict[str, tuple[str, ...]] = {
     operation.value: tuple(inspect.signature(getattr(EngineOperations, operation.value)).parameters)[1:]
     for operation in EngineOperation}
 """Each engine operation's arguments, in the order it takes them: a trace step's `args`."""
 assert set(ALLOCATOR_OPERATIONS) == {*AllocatorOperation, "state", "available_sizes"}
-assert set(ENGINE_OPERATIONS) == {*EngineOperation, "snapshot"}
+assert set(ENGINE_OPERATIONS) | set(CAPABILITY_OPERATIONS) == {*EngineOperation, "snapshot"}
 
 
 class AdapterError(Exception):
@@ -275,10 +280,16 @@ def load_adapter(spec: str) -> Adapter:
             except Exception as error:  # the adapter cannot even build its implementation
                 raise AdapterError(f"adapter {spec!r}: make_{tier}{args} raised "
                                    f"{type(error).__name__}: {error}") from error
-            return check_instance(instance, operations, tier, spec)
+            return check_instance(instance, operations(*args) if callable(operations) else operations, tier, spec)
 
         return build
 
+    def engine_operations(config: EngineConfig) -> tuple[str, ...]:
+        """Every engine's operations, and those of the capabilities of its version's engines."""
+        capabilities = (adapter.for_version(config.policy.version) or adapter).capabilities
+        return ENGINE_OPERATIONS + tuple(operation for operation, capability in CAPABILITY_OPERATIONS.items()
+                                         if capability in capabilities)
+
     return replace(adapter, make_allocator=checked(adapter.make_allocator, ALLOCATOR_OPERATIONS, "allocator"),
-                   make_engine=checked(adapter.make_engine, ENGINE_OPERATIONS, "engine"),
+                   make_engine=checked(adapter.make_engine, engine_operations, "engine"),
                    make_scheduler=checked(adapter.make_scheduler, SCHEDULER_OPERATIONS, "scheduler"))

@@ -65,6 +65,8 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["pd_decode"] = True
             if trace.config["page_size"] > 1 and pd_checkpoint_at_risk(trace.config["window"], trace.config["page_size"]):
                 needs["pd_checkpoint_keeps_window"] = True  # an admission checkpoint there can be short (I10)
+        elif step.op == "prefill_batch":
+            needs["batched_prefill"] = True
         elif step.op == "fork" and step.args.get("tail") is not None:
             needs["swa_tail"] = True
         elif step.op.startswith("free_group"):

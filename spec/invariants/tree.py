@@ -7,7 +7,7 @@ from ..registry import invariant
 from ..snapshot import Step, TwoPoolSnapshot
 from .holders import mapping_at, node_index, non_root_nodes, path_to, slot_pairs
 
-EVICTING_OPERATIONS = ("evict", "prefill_chunk", "decode", "admit", "pd_admit")
+EVICTING_OPERATIONS = ("evict", "prefill_chunk", "prefill_batch", "decode", "admit", "pd_admit")
 """Steps that may evict tree data and release no lock before they do (I14)."""
 
 
@@ -122,7 +122,7 @@ def tree_structure_violations(now: TwoPoolSnapshot) -> list[Violation]:
 
 @invariant("I14", "locks", reads={"tree"})
 def eviction_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
-    """[I14, TREE-5] After an evict, prefill_chunk, decode, admit or pd_admit step, every
+    """[I14, TREE-5] After an evict, prefill_chunk, prefill_batch, decode, admit or pd_admit step, every
     (position, full slot) of a node full-locked before is still one of some node, and
     every (position, SWA slot) of a live node SWA-locked before is still one of a live
     node: eviction never frees locked KV."""

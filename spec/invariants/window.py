@@ -115,20 +115,25 @@ def chunk_step(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapsho
     return before, after
 
 
-def checkpoint_step(previous: TwoPoolSnapshot, step: Step | None,
-                    now: TwoPoolSnapshot) -> tuple[Position, RequestView] | None:
-    """[I10] The request's cpl before, and the request after, a step that may have checkpointed it
-    into a prefix-sharing tree: a prefill chunk (chunk_step), or an ok PD-decode admission
-    (a new request, cpl 0 before), whose received prompt an implementation may checkpoint
-    at once (SGLang does: SGL-9); the reference only matches there. None for any other step."""
+def checkpoint_steps(previous: TwoPoolSnapshot, step: Step | None,
+                     now: TwoPoolSnapshot) -> list[tuple[Position, RequestView]]:
+    """[I10, LIFE-9] The cpl before, and the request after, of each request a step may have
+    checkpointed into a prefix-sharing tree: a prefill chunk (chunk_step), each chunk of an ok
+    prefill batch (LIFE-9) of a request still in prefill before it, or an ok PD-decode
+    admission (a new request, cpl 0 before), whose received prompt an implementation may
+    checkpoint at once (SGLang does: SGL-9); the reference only matches there. Empty for any
+    other step."""
     pair = chunk_step(previous, step, now)
     if pair is not None:
-        return pair[0].cache_protected_len, pair[1]
-    if (step is None or step.operation != "pd_admit" or step.outcome != "ok"
-            or not now.config.policy.supports_prefix_sharing):
-        return None
-    after = find_request(now, step.rid)
-    return None if after is None else (0, after)
+        return [(pair[0].cache_protected_len, pair[1])]
+    if step is None or step.outcome != "ok" or not now.config.policy.supports_prefix_sharing:
+        return []
+    if step.operation == "prefill_batch":
+        pairs = [(find_request(previous, rid), find_request(now, rid)) for rid in step.rids]
+        return [(before.cache_protected_len, after) for before, after in pairs
+                if before is not None and after is not None and not before.finished_prefill]
+    after = find_request(now, step.rid) if step.operation == "pd_admit" else None
+    return [] if after is None else [(0, after)]
 
 
 def insert_cursor(old_protected: Position, after: RequestView, now: TwoPoolSnapshot) -> Position | None:
@@ -220,24 +225,24 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
 
 @invariant("I10", "window-bound", reads={"rows", "tree"})
 def insert_boundary_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
-    """[I10] After a checkpoint (checkpoint_step: a prefill chunk, or a PD-decode admission)
-    with insert end E = cpl > 0:
+    """[I10] After each checkpoint of a step (checkpoint_steps: a prefill chunk, each chunk of
+    a prefill batch, a PD-decode admission) with insert end E = cpl > 0:
     insert_keeps_window(E, e, W) when the insert's cursor e (insert_cursor) moved past the
     previous cpl; last_node ends at E; and swa_match_length of its path (root's child to
     last_node) is E: the new leaf is matchable, never all-tombstone."""
-    checkpoint = checkpoint_step(previous, step, now)
-    if checkpoint is None or checkpoint[1].cache_protected_len == 0:
-        return []
-    old_protected, after = checkpoint
     found, nodes, window = [], node_index(now), now.config.window
-    end, cursor = after.cache_protected_len, insert_cursor(old_protected, after, now)
-    if cursor is not None and cursor > old_protected and not insert_keeps_window(end, cursor, window):
-        found.append(Violation("I10", f"request {after.rid}: new leaf with live SWA [{cursor}, {end}), fewer than min(W, E) = {min(window, end)}"))
-    if after.last_node not in nodes or nodes[after.last_node].end != end:
-        depth = nodes[after.last_node].end if after.last_node in nodes else None
-        found.append(Violation("I10", f"request {after.rid}: last node {after.last_node} ends at {depth}, not at the insert end {end}"))
-    path = path_to(nodes, after.last_node)
-    matched = swa_match_length([(len(node.key), node.swa_value is not None) for node in path], window)
-    if matched != end:
-        found.append(Violation("I10", f"request {after.rid}: a prefix match along its path stops at {matched}, not at the insert end {end}"))
+    for old_protected, after in checkpoint_steps(previous, step, now):
+        end = after.cache_protected_len
+        if end == 0:
+            continue
+        cursor = insert_cursor(old_protected, after, now)
+        if cursor is not None and cursor > old_protected and not insert_keeps_window(end, cursor, window):
+            found.append(Violation("I10", f"request {after.rid}: new leaf with live SWA [{cursor}, {end}), fewer than min(W, E) = {min(window, end)}"))
+        if after.last_node not in nodes or nodes[after.last_node].end != end:
+            depth = nodes[after.last_node].end if after.last_node in nodes else None
+            found.append(Violation("I10", f"request {after.rid}: last node {after.last_node} ends at {depth}, not at the insert end {end}"))
+        path = path_to(nodes, after.last_node)
+        matched = swa_match_length([(len(node.key), node.swa_value is not None) for node in path], window)
+        if matched != end:
+            found.append(Violation("I10", f"request {after.rid}: a prefix match along its path stops at {matched}, not at the insert end {end}"))
     return found

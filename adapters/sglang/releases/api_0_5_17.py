@@ -15,13 +15,13 @@ Lines are of the 0.5.17 wheel's `sglang/srt/` unless 0.5.18 is named.
   `(forward_iter or 0) % I == 0` (`managers/schedule_batch.py:3218-3224`); the scheduler counts
   every batch it runs and gives each its count after preparing it (`managers/scheduler.py:3534-3535`),
   so a decode batch is prepared with the count of the batches run before it. This engine runs
-  one batch per prefill chunk and per decode step and counts them the same way. 0.5.18
-  tests tokens instead (`0.5.18 managers/schedule_batch.py:3333-3351`) and ignores the count.
+  one batch per prefill step (a chunk, or a batch of chunks) and per decode step and
+  counts them the same way. 0.5.18 tests tokens instead (`0.5.18 managers/schedule_batch.py:3333-3351`) and ignores the count.
 """
 
 from kvspec.spec.pages import new_pages_for_extend
 
-from ..engine import KvFields, quiet
+from ..engine import KvFields, extend_demand, quiet
 from .api_0_5_19 import Engine as Engine_0_5_19
 
 
@@ -38,14 +38,19 @@ class Engine(Engine_0_5_19):
                         0 if kv is None else kv.swa_evicted_seqlen, 0 if kv is None else kv.kv_allocated_len,
                         req.kv_committed_len)
 
-    def batch(self, req, mode: str):
-        batch = super().batch(req, mode)
+    def batch(self, reqs: list, mode: str):
+        batch = super().batch(reqs, mode)
         batch.forward_iter = self.batches_run
         return batch
 
     def extended(self, req, extend_end: int) -> None:
         req.kv_committed_len = extend_end
-        self.batches_run += 1
+
+    def prefill(self, chunks):
+        outcome = super().prefill(chunks)
+        if outcome is None:  # one batch, however many requests it extends
+            self.batches_run += 1
+        return outcome
 
     def decode(self, rid: str, next_token: int = 0):
         outcome = super().decode(rid, next_token)
@@ -57,12 +62,11 @@ class Engine(Engine_0_5_19):
     def decode_fits(self, batch, req) -> bool:
         return batch.check_decode_mem()
 
-    def extend_fits(self, prefix_len: int, seq_len: int) -> bool:
+    def extend_fits(self, extents: list[tuple[int, int]]) -> bool:
         """The engine's gate (engine.py), with the eviction `evict_to_free_tokens` does by
         default from 0.5.19 (`0.5.19 mem_cache/allocator/base.py:59-67`): 0.5.17 calls
         `evict_from_tree_cache` itself (`mem_cache/allocation.py:151, 208`)."""
-        P = self.P
         with quiet():
-            self.s.common.evict_from_tree_cache(self.cache, seq_len - prefix_len + (P if P > 1 else 0))
-        pages = new_pages_for_extend(prefix_len, seq_len, P)
+            self.s.common.evict_from_tree_cache(self.cache, extend_demand(extents, self.P))
+        pages = sum(new_pages_for_extend(prefix_len, seq_len, self.P) for prefix_len, seq_len in extents)
         return self.allocator.new_pages_available(pages, pages)

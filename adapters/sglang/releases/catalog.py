@@ -134,7 +134,8 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
         name=name, release=release.release, tree=tree, knobs=knobs,
         policy_version=release.policy_version(knobs),
-        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill")
+        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
+                      "batched_prefill")
         + (UNSTEERED_PD if release.release == "0.5.23" else ()),
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),

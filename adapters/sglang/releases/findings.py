@@ -55,6 +55,11 @@ class Finding:
 
 
 FINDINGS = (
+    # before checkpoint-short-rematch, which 0.5.18 has too and which names these clauses: a
+    # prefill batch (LIFE-9) whose group end freed SWA under a live node, which then maps to nothing
+    Finding("grouped-swa-free-remap", "bug", "0.5.18", "0.5.18", "0.5.19", ("python",), ("I3", "I5", "I13", "I4"),
+            says=r"operation='prefill_batch'(.|\n)*(has live SWA KV but maps to 0|but mapping\[\d+\] is 0)",
+            vector="vectors/regressions/grouped-swa-free-remap.jsonl"),
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
             vector="vectors/regressions/checkpoint-short-rematch.jsonl"),

@@ -1,0 +1,157 @@
+"""[LIFE-9] A prefill batch: one chunk of each of several requests in one step, allocated
+all or none, then checkpointed in order, the completing ones inside one free group.
+
+The reference's batch, the step checks that read a batch's requests (I10, I15), the
+grouped SWA free that reads the mapping too late (a seeded bug, and SGLang 0.5.18's:
+tests/test_sglang_releases.py replays its vector), and the capability's plumbing: the
+protocol, the replay and the trace format."""
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from kvspec.adapters.mutants.allocator import GroupEndMappingAllocator
+from kvspec.adapters.mutants.seeding import engine_with_allocator
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.replay import unmet_requirements
+from kvspec.conformance.harness.trace import TraceError, load, parse
+from kvspec.reference.engine import Engine
+from kvspec.spec.invariants import engine_violations
+from kvspec.spec.invariants.atomicity import atomicity_violations
+from kvspec.spec.invariants.window import insert_boundary_violations
+from kvspec.spec.outcomes import Outcome, OutOfMemory
+from kvspec.spec.snapshot import EngineConfig, Step, two_pool_observables
+from kvspec.spec.window import Policy
+
+VECTOR = "vectors/regressions/grouped-swa-free-remap.jsonl"
+
+
+def config(window=8, size_full=256, size_swa=64, version="sglang-0.5.23", interval=1):
+    return EngineConfig(page_size=4, window=window, size_full=size_full, size_swa=size_swa, max_requests=4,
+                        policy=Policy(version, interval))
+
+
+def batch(*chunks):
+    return [{"rid": rid, "chunk": chunk, "token": 0} for rid, chunk in chunks]
+
+
+def shared_prefix_batch(engine_class):
+    """b's prompt is the first 22 of a's 28 tokens; both complete in one batch."""
+    engine = engine_class(config())
+    engine.admit("a", [0] * 28)
+    engine.admit("b", [0] * 22)
+    before = engine.snapshot()
+    assert engine.prefill_batch(batch(("a", 28), ("b", 22))) is None
+    return before, engine.snapshot()
+
+
+def test_a_batch_whose_second_checkpoint_revives_the_firsts_tombstone_conforms():
+    before, after = shared_prefix_batch(Engine)
+    step = Step("prefill_batch", None, Outcome.OK, batch=("a", "b"))
+    assert engine_violations(before, step, after) == []
+    lengths = {r.rid: (r.cache_protected_len, r.swa_evicted_seqlen) for r in after.requests}
+    assert lengths == {"a": (28, 16), "b": (20, 12)}  # b's insert revived [12, 16) onto its own SWA
+
+
+def test_the_seeded_group_end_mapping_read_breaks_the_mapping():
+    """The seeded bug (mutant group-end-mapping, SGLang 0.5.18): the group's end reads the
+    mapping b's revive re-pointed and frees b's SWA under the live node."""
+    before, after = shared_prefix_batch(engine_with_allocator(GroupEndMappingAllocator))
+    step = Step("prefill_batch", None, Outcome.OK, batch=("a", "b"))
+    clauses = {v.clause for v in engine_violations(before, step, after)}
+    assert {"I3", "I5", "I13"} <= clauses
+
+
+def test_a_batch_of_unrelated_prompts_ends_as_its_chunks_one_by_one():
+    """Without shared prefixes a batch's allocation before the checkpoints changes nothing the
+    spec fixes: free pages and request lengths are those of the same chunks one by one."""
+    prompts = {"a": [1, 2] * 9, "b": [0] * 13, "c": [2, 1, 1] * 4}
+    chunks = batch(("a", 18), ("b", 8), ("c", 30))
+    one_by_one, batched = Engine(config()), Engine(config())
+    for engine in (one_by_one, batched):
+        for rid, prompt in prompts.items():
+            engine.admit(rid, prompt)
+    for chunk in chunks:
+        one_by_one.prefill_chunk(chunk["rid"], chunk["chunk"], chunk["token"])
+    batched.prefill_batch(chunks)
+    assert two_pool_observables(batched.snapshot(), "ok") == two_pool_observables(one_by_one.snapshot(), "ok")
+
+
+def test_a_batch_the_pools_cannot_hold_changes_no_request():
+    """[LIFE-9, I15] All or none: each chunk fits alone, the two together do not."""
+    engine = Engine(config(size_full=96, size_swa=24))
+    engine.admit("a", [1] * 16)
+    engine.admit("b", [2] * 16)
+    before = engine.snapshot()
+    assert isinstance(engine.prefill_batch(batch(("a", 16), ("b", 16))), OutOfMemory)
+    assert engine.snapshot() == before
+    assert engine.prefill_chunk("a", 16, 0) is None
+
+
+def test_i15_reads_every_request_of_a_failed_batch():
+    """[I15] Seeded: a 'failed' batch after which its second request had changed."""
+    engine = Engine(config())
+    engine.admit("a", [1] * 9)
+    engine.admit("b", [2] * 9)
+    before = engine.snapshot()
+    engine.prefill_chunk("b", 4, 0)
+    failed = Step("prefill_batch", None, Outcome.OUT_OF_MEMORY, batch=("a", "b"))
+    found = atomicity_violations(before, failed, engine.snapshot())
+    assert [v.clause for v in found] == ["I15"] and "request b changed" in found[0].message
+    assert atomicity_violations(before, Step("prefill_batch", None, Outcome.OUT_OF_MEMORY, batch=("a",)),
+                                engine.snapshot()) == []
+
+
+def test_i10_reads_every_checkpoint_of_a_batch():
+    """[I10] drop-margin leaves a short leaf where 1 <= W % P <= P - 2 (WIN-2): at P = 4,
+    W = 5 a 10-token prompt's checkpoint does; the batch's second request is the one."""
+    engine = Engine(config(window=5, version="drop-margin"))
+    engine.admit("a", [1] * 3)
+    engine.admit("b", [2] * 10)
+    before = engine.snapshot()
+    engine.prefill_batch(batch(("a", 3), ("b", 10)))
+    found = insert_boundary_violations(before, Step("prefill_batch", None, Outcome.OK, batch=("a", "b")),
+                                       engine.snapshot())
+    assert found and all(v.clause == "I10" and "request b" in v.message for v in found)
+
+
+def test_an_adapter_claiming_batched_prefill_must_offer_prefill_batch(monkeypatch):
+    reference = load_adapter("reference")
+
+    class WithoutBatches:
+        def __init__(self, engine):
+            self.engine = engine
+
+        def __getattr__(self, name):
+            if name == "prefill_batch":
+                raise AttributeError(name)
+            return getattr(self.engine, name)
+
+    module = types.SimpleNamespace(ADAPTER=types.SimpleNamespace(
+        name="no-batches", policy_version="sglang-0.5.23", capabilities=reference.capabilities,
+        make_engine=lambda cfg: WithoutBatches(reference.make_engine(cfg))))
+    monkeypatch.setitem(__import__("sys").modules, "no_batches_adapter", module)
+    claims = load_adapter("no_batches_adapter:ADAPTER")
+    with pytest.raises(AdapterError, match="lacks prefill_batch"):
+        claims.make_engine(config())
+    module.ADAPTER.capabilities = tuple(c for c in reference.capabilities if c != "batched_prefill")
+    assert load_adapter("no_batches_adapter:ADAPTER").make_engine(config()) is not None
+
+
+def test_a_trace_with_a_batch_needs_the_capability():
+    trace = load(VECTOR)
+    reference = load_adapter("reference")
+    assert unmet_requirements(trace, reference) == []
+    lacking = reference.for_version("sglang-0.5.23")
+    lacking = type(lacking)(**{**vars(lacking), "capabilities": frozenset(lacking.capabilities) - {"batched_prefill"}})
+    assert unmet_requirements(trace, lacking) == ["capability batched_prefill"]
+
+
+def test_an_empty_batch_is_a_malformed_trace():
+    lines = Path(VECTOR).read_text().splitlines()
+    step = json.loads(lines[-1])
+    step["args"]["chunks"] = []
+    with pytest.raises(TraceError, match="chunks"):
+        parse("\n".join(lines[:-1] + [json.dumps(step)]) + "\n")
