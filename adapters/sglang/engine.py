@@ -2,14 +2,15 @@
 request-to-token pool, `UnifiedRadixCache` with FULL and SWA components (Rust or Python
 tree core), real `Req` objects, and the scheduler's own allocation paths.
 
-The adapter plays SGLang's scheduler, one request per batch; each operation calls what
-the scheduler calls:
+The adapter plays SGLang's scheduler, one request per batch but for prefill_batch; each
+operation calls what the scheduler calls:
 
 | kvspec step       | SGLang                                                              |
 |-------------------|---------------------------------------------------------------------|
 | admit             | `Req.init_next_round_input` (match), `tree_cache.lock(last_node)`   |
 | pd_admit          | `DecodePreallocQueue._match_prefix_and_lock`, `prealloc_fits`, `_pre_alloc` (pd_decode.py), then `process_prebuilt`'s checkpoint |
 | prefill_chunk     | `alloc_for_extend` on a one-request `ScheduleBatch`, then `checkpoint_kv_cache` |
+| prefill_batch     | `alloc_for_extend` on the whole `ScheduleBatch`, then, as `process_batch_result_prefill`, `checkpoint_kv_cache` of the requests it completes inside one free group (from 0.5.18), then of the others (the next round's) |
 | decode            | `check_decode_capacity` (the retract loop's gate), then `alloc_for_decode` (runs `maybe_evict_swa`) |
 | finish            | `release_kv_cache(checkpoint=True)` with `finished_len` for a stop  |
 | abort / retract   | `release_kv_cache(checkpoint=False)` (+ `reset_for_retract`)         |

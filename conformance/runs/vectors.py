@@ -218,6 +218,19 @@ def eviction_walkthrough() -> dict[str, Trace]:
                                              description="spec/04-tree.md, worked example (TREE-5)")}
 
 
+def batch_walkthrough() -> dict[str, Trace]:
+    """spec/06-lifecycle.md's prefill batch (LIFE-9): b's prompt the first 22 of a's 28 tokens,
+    both completed in one batch, so b's checkpoint revives a tombstone a's window release made
+    in the same free group. An engine whose group end reads the mapping late fails it
+    (SGLang 0.5.18: docs/engines/sglang-findings.md, grouped-swa-free-remap)."""
+    config = engine_config_json(EngineConfig(4, 8, 128, 64, 8, Policy(SGLANG_0_5_23, 1)))
+    chunks = [{"rid": "a", "chunk": 28, "token": 7}, {"rid": "b", "chunk": 22, "token": 7}]
+    steps = (step("admit", rid="a", prompt=PROMPT[:28]), step("admit", rid="b", prompt=PROMPT[:22]),
+             step("prefill_batch", chunks=chunks), step("decode", rid="b", token=9), step("drain"))
+    return {"walkthrough-06-prefill-batch": Trace("engine", config, "reference", steps,
+                                                  description="spec/06-lifecycle.md, LIFE-9: a prefill batch")}
+
+
 def scheduler_walkthrough() -> dict[str, Trace]:
     """spec/10-scheduler.md's worked example: a prefix hit on a running request's pages,
     whose shared window page the engine may release a plan late (SCHED-4)."""
@@ -247,7 +260,8 @@ def write_corpus(out: str | Path, seed: int = SEED, progress=print) -> list[Path
     """Write every vector, with the reference's observables, and the index."""
     out = Path(out)
     reference = load_adapter("reference")
-    vectors = {**walkthroughs(), **eviction_walkthrough(), **state_walkthrough(), **block_pool_walkthrough(),
+    vectors = {**walkthroughs(), **eviction_walkthrough(), **batch_walkthrough(), **state_walkthrough(),
+               **block_pool_walkthrough(),
                **random_lifecycles(reference, seed), **block_pool_lifecycles(reference, seed), **scheduler_walkthrough(),
                **scheduler_lifecycles(reference, seed)}
     written, index = [], []
