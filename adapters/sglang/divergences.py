@@ -75,7 +75,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "SGL-7", ("OBS-3", "LIFE-7", "TREE-5"), "eviction for an allocation counts what the full eviction frees",
         "An extend one page short in both pools: SGLang's allocation path evicts until each pool's available size "
         "reaches its target (evict_to_free_tokens -> evict_for_alloc, for the conservative demand extend + one "
-        "page), so the SWA freed along with an evicted leaf's full KV counts toward the SWA target and one leaf "
+        "page per request of the batch), so the SWA freed along with an evicted leaf's full KV counts toward the SWA target and one leaf "
         "goes. The reference computes both shortfalls first and evicts each (LIFE-7, TREE-5): after the leaf, it "
         "evicts another node for the SWA pool. SGLang keeps more cached; no invariant is broken. The spec is the "
         "one to revisit: evicting against availability is what an implementer would expect.",
