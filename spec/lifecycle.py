@@ -46,9 +46,10 @@ class EngineOperations(Protocol):
 
     def prefill_batch(self, chunks: Sequence[Mapping]) -> OutOfMemory | None:
         """[LIFE-9] One prefill chunk of each of several requests in one step: every chunk is
-        allocated, then every one is checkpointed in order, all their frees in one free group.
-        `chunks`: {"rid", "chunk", "token"} each, as prefill_chunk takes them. Optional: an
-        engine offers it with the capability batched_prefill."""
+        allocated (all or none), then the chunks that complete their prompts are checkpointed
+        in order inside one free group, then the others. `chunks`: {"rid", "chunk", "token"}
+        each, as prefill_chunk takes them. Optional: an engine offers it with the capability
+        batched_prefill."""
 
     def decode(self, rid: str, token: int) -> OutOfMemory | None:
         """[LIFE-8] Window eviction when due, then one slot for the last sampled token; samples `token`."""

@@ -7,7 +7,9 @@ tests/test_sglang_releases.py replays its vector), and the capability's plumbing
 protocol, the replay and the trace format."""
 
 import json
+import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -132,7 +134,7 @@ def test_an_adapter_claiming_batched_prefill_must_offer_prefill_batch(monkeypatc
     module = types.SimpleNamespace(ADAPTER=types.SimpleNamespace(
         name="no-batches", policy_version="sglang-0.5.23", capabilities=reference.capabilities,
         make_engine=lambda cfg: WithoutBatches(reference.make_engine(cfg))))
-    monkeypatch.setitem(__import__("sys").modules, "no_batches_adapter", module)
+    monkeypatch.setitem(sys.modules, "no_batches_adapter", module)
     claims = load_adapter("no_batches_adapter:ADAPTER")
     with pytest.raises(AdapterError, match="lacks prefill_batch"):
         claims.make_engine(config())
@@ -144,8 +146,7 @@ def test_a_trace_with_a_batch_needs_the_capability():
     trace = load(VECTOR)
     reference = load_adapter("reference")
     assert unmet_requirements(trace, reference) == []
-    lacking = reference.for_version("sglang-0.5.23")
-    lacking = type(lacking)(**{**vars(lacking), "capabilities": frozenset(lacking.capabilities) - {"batched_prefill"}})
+    lacking = replace(reference, capabilities=frozenset(reference.capabilities) - {"batched_prefill"})
     assert unmet_requirements(trace, lacking) == ["capability batched_prefill"]
 
 

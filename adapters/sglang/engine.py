@@ -57,12 +57,6 @@ class KvFields(NamedTuple):
     committed: int
 
 
-def extend_demand(extents: list[tuple[int, int]], page_size: int) -> int:
-    """What alloc_for_extend evicts for, in tokens, for extends (prefix_len, seq_len): each
-    extend and, above page size 1, a page per request (its conservative demand)."""
-    return sum(seq_len - prefix_len + (page_size if page_size > 1 else 0) for prefix_len, seq_len in extents)
-
-
 @contextlib.contextmanager
 def quiet():
     """SGLang prints its tree on a failed allocation; keep the run's output the
@@ -213,10 +207,15 @@ class SglangEngine:
         alloc_for_extend is fatal there, and leaves the request holding an empty row): evict
         what the allocation path would (its conservative demand, extend + one page per
         request), then SGLang's own capacity check."""
+        P = self.P
         with quiet():
-            self.allocator.evict_to_free_tokens(self.cache, extend_demand(extents, self.P))
-        pages = sum(new_pages_for_extend(prefix_len, seq_len, self.P) for prefix_len, seq_len in extents)
+            self.evict_for_extend(sum(seq_len - prefix_len + (P if P > 1 else 0) for prefix_len, seq_len in extents))
+        pages = sum(new_pages_for_extend(prefix_len, seq_len, P) for prefix_len, seq_len in extents)
         return self.allocator.new_pages_available(pages, pages)
+
+    def evict_for_extend(self, tokens: int) -> None:
+        """The allocation path's eviction before an extend (allocator/base.py evict_to_free_tokens)."""
+        self.allocator.evict_to_free_tokens(self.cache, tokens)
 
     def out_of_memory(self) -> OutOfMemory:
         full, swa = (size // self.P for size in (self.allocator.full_available_size(),
@@ -411,8 +410,9 @@ class SglangEngine:
             req.output_ids.append(token)
         if group:
             self.allocator.free_group_end()
+        completed = {rid for rid, _, _ in completing}
         for (rid, _, _), req in zip(chunks, reqs):
-            if rid not in self.finished_prefill:
+            if rid not in completed:  # still being chunked: cached at the next round
                 self.checkpoint(req)
         return None
 

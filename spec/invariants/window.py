@@ -104,35 +104,40 @@ def decode_window_bound_violations(now: TwoPoolSnapshot) -> list[Violation]:
     return found
 
 
+def chunk_steps(previous: TwoPoolSnapshot, step: Step | None,
+                now: TwoPoolSnapshot) -> list[tuple[RequestView, RequestView]]:
+    """The requests (before, after) of an ok prefill chunk, or of each chunk of an ok prefill
+    batch (LIFE-9), of a request still in prefill before it, checkpointed into a
+    prefix-sharing tree; empty for any other step."""
+    if (step is None or step.operation not in ("prefill_chunk", "prefill_batch") or step.outcome != "ok"
+            or not now.config.policy.supports_prefix_sharing):
+        return []
+    pairs = [(find_request(previous, rid), find_request(now, rid)) for rid in step.rids]
+    return [(before, after) for before, after in pairs
+            if before is not None and after is not None and not before.finished_prefill]
+
+
 def chunk_step(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> tuple[RequestView, RequestView] | None:
-    """The request (before, after) of an ok prefill chunk of a request still in prefill
-    before it, checkpointed into a prefix-sharing tree; None for any other step."""
-    if step is None or step.operation != "prefill_chunk" or step.outcome != "ok" or not now.config.policy.supports_prefix_sharing:
-        return None
-    before, after = find_request(previous, step.rid), find_request(now, step.rid)
-    if before is None or after is None or before.finished_prefill:
-        return None
-    return before, after
+    """The request (before, after) of an ok single prefill chunk (chunk_steps); None for any
+    other step, a batch among them: I9's chunk form reads one chunk against the snapshot
+    before it (spec 06, LIFE-9)."""
+    pairs = chunk_steps(previous, step, now) if step is not None and step.operation == "prefill_chunk" else []
+    return pairs[0] if pairs else None
 
 
 def checkpoint_steps(previous: TwoPoolSnapshot, step: Step | None,
                      now: TwoPoolSnapshot) -> list[tuple[Position, RequestView]]:
     """[I10, LIFE-9] The cpl before, and the request after, of each request a step may have
-    checkpointed into a prefix-sharing tree: a prefill chunk (chunk_step), each chunk of an ok
-    prefill batch (LIFE-9) of a request still in prefill before it, or an ok PD-decode
-    admission (a new request, cpl 0 before), whose received prompt an implementation may
-    checkpoint at once (SGLang does: SGL-9); the reference only matches there. Empty for any
-    other step."""
-    pair = chunk_step(previous, step, now)
-    if pair is not None:
-        return [(pair[0].cache_protected_len, pair[1])]
-    if step is None or step.outcome != "ok" or not now.config.policy.supports_prefix_sharing:
+    checkpointed into a prefix-sharing tree: a prefill chunk or each chunk of a prefill batch
+    (chunk_steps), or an ok PD-decode admission (a new request, cpl 0 before), whose received
+    prompt an implementation may checkpoint at once (SGLang does: SGL-9); the reference only
+    matches there. Empty for any other step."""
+    if pairs := chunk_steps(previous, step, now):
+        return [(before.cache_protected_len, after) for before, after in pairs]
+    if (step is None or step.operation != "pd_admit" or step.outcome != "ok"
+            or not now.config.policy.supports_prefix_sharing):
         return []
-    if step.operation == "prefill_batch":
-        pairs = [(find_request(previous, rid), find_request(now, rid)) for rid in step.rids]
-        return [(before.cache_protected_len, after) for before, after in pairs
-                if before is not None and after is not None and not before.finished_prefill]
-    after = find_request(now, step.rid) if step.operation == "pd_admit" else None
+    after = find_request(now, step.rid)
     return [] if after is None else [(0, after)]
 
 

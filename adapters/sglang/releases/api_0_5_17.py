@@ -8,7 +8,7 @@ Lines are of the 0.5.17 wheel's `sglang/srt/` unless 0.5.18 is named.
   keeps `kv_committed_len`: `prepare_for_extend` sets it to the extend's end (`:2353`),
   `prepare_for_decode` adds one after `alloc_for_decode` (`:2978-2983`). The release asserts
   it has reached `kv_allocated_len` (`mem_cache/common.py:186-190`).
-* Eviction before an extend: no `evict_to_free_tokens` (see `extend_fits`).
+* Eviction before an extend: no `evict_to_free_tokens` (see `evict_for_extend`).
 * Decode gate: no `check_decode_capacity`; the scheduler's is `batch.check_decode_mem()`:
   evict the shortfall, then `available_size() >= num_tokens` (`managers/schedule_batch.py:2727-2732`).
 * Decode eviction cadence (0.5.17): `maybe_evict_swa` evicts at batches with
@@ -19,9 +19,7 @@ Lines are of the 0.5.17 wheel's `sglang/srt/` unless 0.5.18 is named.
   counts them the same way. 0.5.18 tests tokens instead (`0.5.18 managers/schedule_batch.py:3333-3351`) and ignores the count.
 """
 
-from kvspec.spec.pages import new_pages_for_extend
-
-from ..engine import KvFields, extend_demand, quiet
+from ..engine import KvFields
 from .api_0_5_19 import Engine as Engine_0_5_19
 
 
@@ -62,11 +60,8 @@ class Engine(Engine_0_5_19):
     def decode_fits(self, batch, req) -> bool:
         return batch.check_decode_mem()
 
-    def extend_fits(self, extents: list[tuple[int, int]]) -> bool:
-        """The engine's gate (engine.py), with the eviction `evict_to_free_tokens` does by
-        default from 0.5.19 (`0.5.19 mem_cache/allocator/base.py:59-67`): 0.5.17 calls
-        `evict_from_tree_cache` itself (`mem_cache/allocation.py:151, 208`)."""
-        with quiet():
-            self.s.common.evict_from_tree_cache(self.cache, extend_demand(extents, self.P))
-        pages = sum(new_pages_for_extend(prefix_len, seq_len, self.P) for prefix_len, seq_len in extents)
-        return self.allocator.new_pages_available(pages, pages)
+    def evict_for_extend(self, tokens: int) -> None:
+        """The eviction `evict_to_free_tokens` does by default from 0.5.19 (`0.5.19
+        mem_cache/allocator/base.py:59-67`): 0.5.17 calls `evict_from_tree_cache` itself
+        (`mem_cache/allocation.py:151, 208`)."""
+        self.s.common.evict_from_tree_cache(self.cache, tokens)
