@@ -314,10 +314,17 @@ def state_in_use_violations(previous: HybridStateSnapshot, step: Step, now: Hybr
 def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
                                  now: HybridStateSnapshot) -> list[Violation]:
     """[STATE-8] Eviction takes only unlocked checkpoints: a checkpoint whose node was
-    state-locked before a step that released no request keeps its slot."""
+    state-locked before a step that released no request keeps its slot. In a prefill
+    batch (LIFE-9) a request's checkpoint moves its lock before a later request's
+    checkpoint evicts, so a lock that a request of the batch moved off a node does not
+    protect that node's checkpoint in the step."""
     if step.operation in ("finish", "abort", "retract"):
         return []
-    locks = dict(previous.state.locks)
+    locks = Counter(dict(previous.state.locks))
+    if step.batch:
+        node_before = {r.rid: r.last_node for r in previous.requests}
+        locks.subtract(node_before[r.rid] for r in now.requests
+                       if r.rid in step.batch and r.rid in node_before and r.last_node != node_before[r.rid])
     after = dict(now.state.checkpoints)
     return [Violation("STATE-8", f"{step.operation} evicted the checkpoint of node {node_id} (slot "
                                  f"{value.slot}) while {locks[node_id]} requests lock it")

@@ -33,6 +33,7 @@ from kvspec.spec.state import (
     working_slot_violations,
     working_state_violations,
 )
+from kvspec.spec.window import Policy
 
 PROMPT = [1, 2, 0, 1, 2, 2, 0, 1, 1, 0]
 
@@ -235,6 +236,35 @@ def test_state_8_a_locked_checkpoint_evicted(running):
     gone = with_state(previous, checkpoints=tuple(c for c in previous.state.checkpoints
                                                   if c[0] not in dict(previous.state.locks)))
     assert [v.clause for v in locked_checkpoint_violations(previous, Step("evict"), gone)] == ["STATE-8"]
+
+
+def test_state_8_in_a_batch_a_lock_moved_by_an_earlier_checkpoint_protects_nothing():
+    """A prefill batch checkpoints its requests one after another (LIFE-9): r3's checkpoint
+    moves r3's lock off the node it matched, and r4's checkpoint, short of a slot, then
+    evicts that node's checkpoint. Legal; STATE-8 reading only the locks before the step
+    called it a violation (the reference and both SGLang cores do the same). A checkpoint
+    locked by a request that kept its lock still may not go."""
+    e = Engine(EngineConfig(1, 3, 21, 16, 3, Policy(decode_eviction_interval=4), state_slots=7, state_grid=1))
+    previous = checked(e)
+    for step, call in [(Step("admit", "r1"), lambda: e.admit("r1", [0])),
+                       (Step("prefill_chunk", "r1"), lambda: e.prefill_chunk("r1", 1)),
+                       (Step("admit", "r2"), lambda: e.admit("r2", [0, 0])),
+                       (Step("abort", "r1"), lambda: e.abort("r1")),
+                       (Step("admit", "r3"), lambda: e.admit("r3", [0] * 9)),
+                       (Step("admit", "r4"), lambda: e.admit("r4", [0] * 7)),
+                       (Step("prefill_batch", batch=("r2", "r3")),
+                        lambda: e.prefill_batch([{"rid": "r2", "chunk": 19, "token": 0}, {"rid": "r3", "chunk": 2, "token": 0}]))]:
+        assert call() is None
+        previous = checked(e, previous, step)
+    r3_matched = next(r.last_node for r in previous.requests if r.rid == "r3")
+    batch = Step("prefill_batch", batch=("r3", "r4"))
+    assert e.prefill_batch([{"rid": "r3", "chunk": 19, "token": 0}, {"rid": "r4", "chunk": 19, "token": 0}]) is None
+    now = checked(e, previous, batch)  # the step the old reading flagged
+    assert r3_matched not in dict(now.state.checkpoints)  # r4's checkpoint took it
+    r2_node = next(r.last_node for r in now.requests if r.rid == "r2")
+    assert dict(now.state.locks)[r2_node] == 1 and r2_node in dict(now.state.checkpoints)
+    taken = with_state(now, checkpoints=tuple(c for c in now.state.checkpoints if c[0] != r2_node))
+    assert [v.clause for v in locked_checkpoint_violations(previous, batch, taken)] == ["STATE-8"]
 
 
 def test_state_9_an_abort_that_keeps_a_slot(running):
