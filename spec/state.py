@@ -322,9 +322,9 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
         return []
     locks = Counter(dict(previous.state.locks))
     if step.batch:
-        node_before = {r.rid: r.last_node for r in previous.requests}
-        locks.subtract(node_before[r.rid] for r in now.requests
-                       if r.rid in step.batch and r.rid in node_before and r.last_node != node_before[r.rid])
+        node_after = {r.rid: r.last_node for r in now.requests if r.rid in step.batch}
+        locks.subtract(r.last_node for r in previous.requests
+                       if r.rid in node_after and node_after[r.rid] != r.last_node)
     after = dict(now.state.checkpoints)
     return [Violation("STATE-8", f"{step.operation} evicted the checkpoint of node {node_id} (slot "
                                  f"{value.slot}) while {locks[node_id]} requests lock it")

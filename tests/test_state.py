@@ -253,7 +253,8 @@ def test_state_8_in_a_batch_a_lock_moved_by_an_earlier_checkpoint_protects_nothi
                        (Step("admit", "r3"), lambda: e.admit("r3", [0] * 9)),
                        (Step("admit", "r4"), lambda: e.admit("r4", [0] * 7)),
                        (Step("prefill_batch", batch=("r2", "r3")),
-                        lambda: e.prefill_batch([{"rid": "r2", "chunk": 19, "token": 0}, {"rid": "r3", "chunk": 2, "token": 0}]))]:
+                        lambda: e.prefill_batch([{"rid": "r2", "chunk": 19, "token": 0},
+                                                 {"rid": "r3", "chunk": 2, "token": 0}]))]:
         assert call() is None
         previous = checked(e, previous, step)
     r3_matched = next(r.last_node for r in previous.requests if r.rid == "r3")
