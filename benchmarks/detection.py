@@ -78,7 +78,7 @@ def measure(implementations: tuple[str, ...], seeds, workers: int, profile: str 
     measured over `seeds`. `after_seed(rows, seed, seconds)` is called after each seed
     with the rows so far; traces go to `traces`/seed-N, or to a temporary directory."""
     chosen = collect(implementations, only)
-    rows = {specimen: {"adapter": specimen.adapter, "implementation": specimen.implementation, "run": specimen.run,
+    rows = {specimen: {"adapter": specimen.adapter, "implementation": specimen.implementation, "run": specimen.exposed_by.label,
                        "clause": specimen.clause, "invariant_class": specimen.invariant_class, "per_seed": []}
             for specimen in chosen}
     with tempfile.TemporaryDirectory(prefix="kvspec-detection-") as scratch:

@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 
 from .notation import Violation
 
+
+class InvalidInvariant(Exception):
+    """An invariant registered wrongly: a mistake of the spec's own code, raised at import."""
+
 INVARIANT_CLASSES = ("alignment", "window-liveness", "window-bound", "leak", "mapping", "ownership", "locks", "atomicity",
                      "state", "scheduling")
 """`state`: a recurrent state that has not read exactly the tokens its holder claims (chapter 09).
@@ -47,14 +51,16 @@ class Invariant:
     """True for `function(previous, step, now)`, False for `function(now)`."""
 
     def __post_init__(self):
-        assert self.invariant_class in INVARIANT_CLASSES, \
-            f"unknown invariant class {self.invariant_class!r}; use one of {INVARIANT_CLASSES}"
+        # raised, never asserted: under `python -O` a malformed invariant would register silently
+        if self.invariant_class not in INVARIANT_CLASSES:
+            raise InvalidInvariant(f"unknown invariant class {self.invariant_class!r}; use one of {INVARIANT_CLASSES}")
         parameters = list(inspect.signature(self.function).parameters)
-        assert parameters in (["now"], ["previous", "step", "now"]), \
-            f"{self.function.__qualname__}{tuple(parameters)}: an invariant takes (now) or (previous, step, now)"
+        if parameters not in (["now"], ["previous", "step", "now"]):
+            raise InvalidInvariant(f"{self.function.__qualname__}{tuple(parameters)}: an invariant takes (now) or "
+                                   f"(previous, step, now)")
         hints = typing.get_type_hints(self.function)
-        assert isinstance(hints.get("now"), type), \
-            f"{self.function.__qualname__}: annotate `now` with the snapshot type it reads"
+        if not isinstance(hints.get("now"), type):
+            raise InvalidInvariant(f"{self.function.__qualname__}: annotate `now` with the snapshot type it reads")
         object.__setattr__(self, "snapshot_type", hints["now"])
         object.__setattr__(self, "compares_steps", len(parameters) == 3)
 

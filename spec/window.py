@@ -14,25 +14,57 @@ not forks of the code.
 from dataclasses import dataclass
 
 from .notation import Position
+from .outcomes import Name
 from .pages import ceil_page, floor_page
 
-SGLANG_0_5_23 = "sglang-0.5.23"
-DESIGN_MARGIN = "design-margin"
-DROP_MARGIN = "drop-margin"
-NO_PREFIX_SHARING = "no-prefix-sharing"
-MAX_WINDOW_PAGE = "max-window-page"
-"""SGLang 0.5.15 - 0.5.22: retention `max(W, P)`, not rounded up to a page."""
-TWO_POOL_VERSIONS = (SGLANG_0_5_23, DESIGN_MARGIN, DROP_MARGIN, NO_PREFIX_SHARING, MAX_WINDOW_PAGE)
+class PolicyVersion(Name):
+    """[WIN-1] A policy version: what window eviction retains and how a prefix cache keeps
+    it. Each version is of one memory model (kvspec.spec.models), the chapter whose
+    engines implement it; it prints as its name ("sglang-0.5.23")."""
+
+    SGLANG_0_5_23 = ("sglang-0.5.23", "two-pool")
+    """SGLang 0.5.23: retention `ceil_page(max(W, P))`."""
+    DESIGN_MARGIN = ("design-margin", "two-pool")
+    """Retention `W + P` (SGLang 0.5.14)."""
+    DROP_MARGIN = ("drop-margin", "two-pool")
+    """Retention `W`, no margin."""
+    NO_PREFIX_SHARING = ("no-prefix-sharing", "two-pool")
+    """Retention `W`, and the prefix cache shares no prefix between requests."""
+    MAX_WINDOW_PAGE = ("max-window-page", "two-pool")
+    """SGLang 0.5.15 - 0.5.22: retention `max(W, P)`, not rounded up to a page."""
+    VLLM_0_33 = ("vllm-0.33", "block-pool")
+    """One shared block pool (chapter 08): retention W, released at every allocation; the
+    sliding-window group caches only the blocks a hit at a prompt's end can use (vLLM's
+    engine default, prefix-cache retention 0)."""
+    VLLM_0_33_DENSE = ("vllm-0.33-dense", "block-pool")
+    """The same, with every whole sliding-window block cached (prefix-cache retention None)."""
+
+    def __new__(cls, value: str, model: str):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.model_name = model
+        return member
+
+    @property
+    def model(self):
+        """Its memory model (kvspec.spec.models.MODELS), without recurrent state."""
+        from .models import MODELS  # models.py reads the versions of each model from here
+
+        return MODELS[self.model_name]
+
+
+SGLANG_0_5_23 = PolicyVersion.SGLANG_0_5_23
+DESIGN_MARGIN = PolicyVersion.DESIGN_MARGIN
+DROP_MARGIN = PolicyVersion.DROP_MARGIN
+NO_PREFIX_SHARING = PolicyVersion.NO_PREFIX_SHARING
+MAX_WINDOW_PAGE = PolicyVersion.MAX_WINDOW_PAGE
+VLLM_0_33 = PolicyVersion.VLLM_0_33
+VLLM_0_33_DENSE = PolicyVersion.VLLM_0_33_DENSE
+POLICY_VERSIONS = tuple(PolicyVersion)
+TWO_POOL_VERSIONS = tuple(version for version in PolicyVersion if version.model_name == "two-pool")
 """The versions of the two-pool model (chapters 01-07), the reference's."""
-VLLM_0_33 = "vllm-0.33"
-"""One shared block pool (chapter 08): retention W, released at every allocation; the
-sliding-window group caches only the blocks a hit at a prompt's end can use (vLLM's
-engine default, prefix-cache retention 0)."""
-VLLM_0_33_DENSE = "vllm-0.33-dense"
-"""The same, with every whole sliding-window block cached (prefix-cache retention None)."""
-BLOCK_POOL_VERSIONS = (VLLM_0_33, VLLM_0_33_DENSE)
+BLOCK_POOL_VERSIONS = tuple(version for version in PolicyVersion if version.model_name == "block-pool")
 """The versions of the shared block pool (chapter 08)."""
-POLICY_VERSIONS = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -40,9 +72,15 @@ class Policy:
     """[WIN-1] A policy version: how much window eviction retains, whether the prefix
     cache shares prefixes between requests, and the decode eviction cadence."""
 
-    version: str = SGLANG_0_5_23
+    version: PolicyVersion = SGLANG_0_5_23
     decode_eviction_interval: int = 128
     """I: decode evicts once the frontier has moved this many tokens past the cursor."""
+
+    def __post_init__(self):
+        # a trace names its version by string: hold the member, so that it knows its model
+        # (an unknown name stays as it is, for validate_window_config to say what is wrong)
+        if self.version in POLICY_VERSIONS:
+            object.__setattr__(self, "version", PolicyVersion(self.version))
 
     @property
     def supports_prefix_sharing(self) -> bool:
@@ -70,7 +108,7 @@ def retention(version: str, window: int, page_size: int) -> int:
     design-margin `W + P`; max-window-page `max(W, P)`; drop-margin and no-prefix-sharing `W`.
 
     pre: window >= 1 and page_size >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
+    pre: version in TWO_POOL_VERSIONS
     post: __return__ >= window
     """
     if version == SGLANG_0_5_23:
@@ -107,7 +145,7 @@ def eviction_frontier(pre_len: Position, cursor: Position, cache_protected_len: 
     sharing only), never backwards, and floored to a page.
 
     pre: page_size >= 1 and window >= 1 and eviction_interval >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
+    pre: version in TWO_POOL_VERSIONS
     pre: cursor >= 0 and cursor % page_size == 0
     pre: cache_protected_len >= 0 and cache_protected_len % page_size == 0
     pre: pre_len >= 0
@@ -154,7 +192,7 @@ def decode_window_bound(version: str, window: int, page_size: int, interval: int
     or the window plus what accumulates between two evictions.
 
     pre: window >= 1 and page_size >= 1 and interval >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
+    pre: version in TWO_POOL_VERSIONS
     """
     return max(eviction_span_bound(retention(version, window, page_size), page_size),
                window + interval + page_size - 1)
@@ -255,7 +293,7 @@ def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: 
     counterexample without that precondition.)
 
     pre: page_size >= 1 and window >= 1
-    pre: version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing", "max-window-page")
+    pre: version in TWO_POOL_VERSIONS
     pre: cursor >= 0 and cursor % page_size == 0
     pre: cache_protected_len % page_size == 0 and 0 <= cache_protected_len < up_to
     pre: cursor <= cache_protected_len

@@ -89,9 +89,11 @@ def test_the_detection_section_reports_each_mutant(tmp_path, monkeypatch):
     def run_zoo(chosen, profile, seed, traces, workers, step_timeout, shrink_seconds, progress):
         results = {}
         for specimen in chosen:
-            results[specimen] = RunResult(specimen.run, "engine", "violated", 3, 40, 2.0, [specimen.clause], "found",
-                                          "t.jsonl", 4, first_failure_seconds=0.5 + seed,
-                                          first_failure_clauses=[specimen.clause])
+            run = {"tier": "engine", "page_size": 4, "window": 6, "interval": 4, "state_grid": None, "state": False,
+                   "policy_version": "sglang-0.5.23", "memory_model": "two-pool"}
+            results[specimen] = RunResult(specimen.exposed_by.label, "engine", "violated", 3, 40, 2.0, [specimen.clause],
+                                          "found", "t.jsonl", 4, first_failure_seconds=0.5 + seed,
+                                          first_failure_clauses=[specimen.clause], run=run)
             progress(f"{specimen.adapter}: caught", flush=True)  # as the real run_zoo calls it
         return results
 

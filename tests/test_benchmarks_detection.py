@@ -11,7 +11,10 @@ import pytest
 
 from kvspec.adapters.mutants import MUTANTS
 from kvspec.conformance.reports.model import RunResult
+from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.zoo.zoo import Specimen
+from report_helpers import run_result
+
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "detection.py"
 
@@ -47,16 +50,16 @@ def test_a_reference_mutant_measured_over_two_seeds(detection, tmp_path):
 
 
 def specimen(adapter: str) -> Specimen:
-    return Specimen("reference", adapter, adapter, "engine P=4 W=6 I=4", "I5", "mapping", "")
+    return Specimen("reference", adapter, adapter, Run(4, 6, 4), "I5", "mapping", "")
 
 
 def caught_after(seconds: float | None, steps: int, run_seconds: float = 20.0) -> RunResult:
-    return RunResult("engine P=4 W=6 I=4", "engine", "violated", 10, 100, run_seconds, ["I5"], "[I5] stale",
+    return run_result(Run(4, 6, 4), "violated", 10, 100, run_seconds, ["I5"], "[I5] stale",
                      "t.jsonl", steps, first_failure_seconds=seconds, first_failure_clauses=["I5"])
 
 
-PASSED = RunResult("engine P=4 W=6 I=4", "engine", "ok", 300, 15000, 40.0, [])
-WRONG_CLASS = RunResult("engine P=4 W=6 I=4", "engine", "violated", 1, 3, 5.0, ["I2"], "[I2] leak", "t.jsonl", 2,
+PASSED = run_result(Run(4, 6, 4), "ok", 300, 15000, 40.0, [])
+WRONG_CLASS = run_result(Run(4, 6, 4), "violated", 1, 3, 5.0, ["I2"], "[I2] leak", "t.jsonl", 2,
                         first_failure_seconds=0.1, first_failure_clauses=["I2"])
 
 # per mutant, what each seed (0..3) gives: a miss, a wrong class, and a bug seen at the

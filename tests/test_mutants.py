@@ -12,10 +12,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters import mutants
 from kvspec.adapters.mutants import MUTANTS
 from kvspec.adapters.reference import ADAPTER
-from kvspec.conformance.harness.families import CRASH, Run
+from kvspec.conformance.harness.declarations import CRASH, Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import load_adapter
-from kvspec.conformance.runs.jobs import machines
+from kvspec.conformance.runs.plan import plan
 
 # The ci profile at a fixed seed, without shrinking: shrinking one counterexample takes
 # minutes, and the assertion is on the clause, not on a minimal reproduction. The ci
@@ -37,7 +37,7 @@ def machine_for(adapter, run: Run):
     """`adapter` loaded (protocol.Adapter), as its engines of its policy_version are: a
     mutant of the shared block pool (mutants/block_pool.py) is of that model. The
     machine is the one `kvspec check` makes for the run."""
-    machine = dict(machines(adapter))[run.label]
+    machine = plan(adapter).of(run).machine(adapter)
     # the seed goes on the machine class: run_state_machine_as_test reads it there
     return seed(SEED)(machine)
 

@@ -16,7 +16,7 @@ import pytest
 from test_engine_invariants import PREFILL, engine, with_request
 
 from kvspec.adapters.reference import ReferenceEngineAdapter
-from kvspec.conformance.cli import pictures
+from kvspec.conformance.commands import pictures
 from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.protocol import load_adapter, validate
 from kvspec.conformance.harness.replay import build_driver, replay
@@ -229,10 +229,10 @@ def test_a_passing_check_keeps_its_busiest_example():
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvspec.conformance.harness.profiles import profile
-    from kvspec.conformance.runs.jobs import machines
+    from kvspec.conformance.runs.plan import plan
 
     reference = load_adapter("reference")
-    machine = dict(machines(reference))["allocator P=4"]
+    machine = plan(reference).named("allocator P=4").machine(reference)
     machine.reset_counters()
     run_state_machine_as_test(machine, settings=profile("quick"))
     busiest = machine.busiest_example("reference", None, "allocator P=4")
@@ -502,10 +502,10 @@ def test_the_busiest_example_of_a_vllm_check_keeps_within_the_pool_and_the_bound
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvspec.conformance.harness.profiles import profile
-    from kvspec.conformance.runs.jobs import machines
+    from kvspec.conformance.runs.plan import plan
 
     vllm = load_adapter("vllm")
-    machine = dict(machines(vllm))["engine P=4 W=7 I=1"]
+    machine = plan(vllm).named("engine P=4 W=7 I=1").machine(vllm)
     machine.reset_counters()
     run_state_machine_as_test(machine, settings=profile("quick"))
     run = timeline(machine.busiest_example("vllm", None, "engine P=4 W=7 I=1"), vllm)

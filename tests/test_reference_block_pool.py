@@ -16,7 +16,7 @@ from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter, validate
-from kvspec.conformance.runs.jobs import machines, skipped_runs
+from kvspec.conformance.runs.plan import plan
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.reference.engine import Engine
 from kvspec.spec.block_pool import (
@@ -360,7 +360,7 @@ def test_the_reference_adapter_serves_both_memory_models():
     shared = reference.for_version(VLLM_0_33_DENSE)
     assert shared.model is BLOCK_POOL and "recurrent_state" not in shared.capabilities
     assert "pd_decode" in shared.capabilities and reference.for_version("no-such-version") is None
-    labels = [label for label, _ in machines(reference)]
+    labels = plan(reference).labels
     assert "engine P=4 W=6 I=4" in labels and "block-pool P=4 W=6 I=4" in labels
     assert not any(label.startswith("block-pool+state") for label in labels)
     config = EngineConfig(4, 6, 64, 32, 4, Policy(VLLM_0_33))
@@ -375,11 +375,11 @@ def test_a_differential_against_the_reference_makes_the_runs_both_can():
         "name": "shared", "policy_version": VLLM_0_33, "memory_model": "block-pool",
         "capabilities": ("page_size_1", "page_size_gt_1", "chunked_prefill", "recurrent_state"),
         "make_engine": lambda config: BlockPoolEngine(config)}), "x")
-    labels = [label for label, _ in machines(vllm_like, "reference")]
-    assert labels and not any("state" in label for label in labels)
-    assert "engine+state P=1 W=3 I=4 G=1" in skipped_runs(vllm_like, "reference")
+    compared = plan(vllm_like, load_adapter("reference"))
+    assert compared.labels and not any(planned.run.recurrent for planned in compared.runs)
+    assert "engine+state P=1 W=3 I=4 G=1" in [skipped.what for skipped in compared.skipped]
     with pytest.raises(AdapterError, match="no run in common"):
-        list(machines(load_adapter("mutant-leak-on-release"), "mutant-release-head-first"))
+        plan(load_adapter("mutant-leak-on-release"), load_adapter("mutant-release-head-first"))
 
 
 @pytest.mark.parametrize("declared, says", [({"version_capabilities": {"design-margin": ()}}, "only its other"),

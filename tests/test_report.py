@@ -36,6 +36,9 @@ from kvspec.conformance.reports.model import (
 from kvspec.conformance.reports.text import class_table, run_table
 from kvspec.spec.clauses import load_clauses
 from kvspec.spec.registry import INVARIANT_CLASSES
+from kvspec.conformance.harness.declarations import Run
+from report_helpers import description, run_result
+
 
 TRACE = ".kvspec/traces/engine-P4-W6-I4.jsonl"
 NO_TREE = "adapter lacks observable tree"
@@ -49,20 +52,20 @@ def tallies(checked: int, **overrides: ClassTally) -> dict[str, ClassTally]:
 
 def sample_report() -> CheckReport:
     runs = [
-        RunResult("allocator P=1", "allocator", "ok", examples=60, steps=1800, seconds=0.9, clauses=[],
+        run_result(Run(1), "ok", examples=60, steps=1800, seconds=0.9, clauses=[],
                   tallies=tallies(1800)),
-        RunResult("allocator P=16", "allocator", "ok", examples=60, steps=1700, seconds=1.0, clauses=[],
+        run_result(Run(16), "ok", examples=60, steps=1700, seconds=1.0, clauses=[],
                   tallies=tallies(1700, window_liveness=ClassTally(skipped=1700)),
                   skipped_because={"window-liveness": NO_TREE}),
-        RunResult("engine P=4 W=6 I=4", "engine", "violated", examples=37, steps=512, seconds=2.0, clauses=["I8"],
+        run_result(Run(4, 6, 4), "violated", examples=37, steps=512, seconds=2.0, clauses=["I8"],
                   message="I8 window liveness: position 7 of request r2 is inside the window [5, 11)\n"
                           "but its SWA slot was freed\nFalsifying example: ...",
                   trace=TRACE, trace_steps=9, tallies=tallies(512, window_liveness=ClassTally(512, 1, 0))),
-        RunResult("engine P=2 W=5 I=1", "engine", "hung", examples=3, steps=40, seconds=30.0, clauses=[],
+        run_result(Run(2, 5, 1), "hung", examples=3, steps=40, seconds=30.0, clauses=[],
                   message="no step finished within 30 s (decode of request r1)", tallies=tallies(40)),
-        RunResult("engine P=1 W=3 I=4", "engine", "crashed", examples=1, steps=0, seconds=0.0, clauses=[],
+        run_result(Run(1, 3, 4), "crashed", examples=1, steps=0, seconds=0.0, clauses=[],
                   message="RuntimeError: \x1b[31mCUDA error\x1b[0m\x00 in alloc_extend\nTraceback ..."),
-        RunResult("engine P=16 W=5 I=4", "engine", "ok", examples=0, steps=0, seconds=0.1, clauses=[],
+        run_result(Run(16, 5, 4), "ok", examples=0, steps=0, seconds=0.1, clauses=[],
                   tallies={name: ClassTally(skipped=25) for name in INVARIANT_CLASSES},
                   skipped_because={name: NO_TREE if name in ("window-liveness", "mapping") else NO_FREE_IDS
                                    for name in INVARIANT_CLASSES}),
@@ -94,10 +97,12 @@ def test_exit_status_is_0_only_when_every_run_is_ok():
     ({"steps": -1}, "steps is -1"),
     ({"seconds": float("nan")}, "finite"),
     ({"trace_steps": 3}, "trace_steps without a trace"),
+    ({"run": {}}, "must give the run's tier"),
+    ({"tier": "engine"}, "with the same tier"),
 ])
 def test_a_run_result_that_the_schema_would_refuse_fails_at_construction(change, complaint):
     fields = {"label": "allocator P=1", "tier": "allocator", "verdict": "ok", "examples": 1, "steps": 1,
-              "seconds": 1.0, "clauses": []}
+              "seconds": 1.0, "clauses": [], "run": description(Run(1))}
     with pytest.raises(ValueError, match=re.escape(complaint)):
         RunResult(**{**fields, **change})
 
@@ -153,7 +158,7 @@ def test_the_schema_is_a_versioned_2020_12_schema_that_agrees_with_the_spec():
     schema = load_report_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["$id"] == REPORT_SCHEMA_ID and "report/1" in REPORT_SCHEMA_ID
+    assert schema["$id"] == REPORT_SCHEMA_ID and "report/2" in REPORT_SCHEMA_ID
     definitions, run = schema["$defs"], schema["$defs"]["run"]["properties"]
     assert definitions["invariantClass"]["enum"] == list(INVARIANT_CLASSES)
     assert run["tier"]["enum"] == list(TIERS) and run["verdict"]["enum"] == list(VERDICTS)
@@ -166,7 +171,7 @@ def test_the_json_report_validates_and_holds_every_run(tmp_path):
     document = to_json(report)
     validate_json(document)
     assert document["schema"] == REPORT_SCHEMA_ID and document["exit_status"] == 1
-    assert document["verdicts"] == {"ok": 3, "violated": 1, "crashed": 1, "hung": 1}
+    assert document["verdicts"] == {"ok": 3, "violated": 1, "crashed": 1, "hung": 1, "error": 0}
     assert [run["label"] for run in document["runs"]] == [run.label for run in report.runs]
     violated = document["runs"][2]
     assert (violated["clauses"], violated["trace"], violated["trace_steps"]) == (["I8"], TRACE, 9)

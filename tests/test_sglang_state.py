@@ -26,7 +26,7 @@ from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay, unmet_requirements, with_expectations
 from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json
-from kvspec.conformance.runs.jobs import machines, skipped_runs
+from kvspec.conformance.runs.plan import plan
 from kvspec.conformance.runs.vectors import SEED, state_lifecycles, state_walkthrough
 from kvspec.spec.outcomes import InvalidConfig
 from kvspec.spec.snapshot import EngineConfig
@@ -71,9 +71,9 @@ def test_the_state_run_passes():
 @pytest.mark.parametrize("name", ["sglang", ADAPTER])
 def test_only_the_page_size_1_state_run_is_made_and_the_others_say_why(name):
     adapter = load_adapter(name)
-    labels = [label for label, _ in machines(adapter)]
-    assert [label for label in labels if "state" in label] == [STATE_RUN.label]
-    left_out = skipped_runs(adapter)
+    planned = plan(adapter)
+    assert [each.run for each in planned.runs if each.run.recurrent] == [STATE_RUN]
+    left_out = [skipped.what for skipped in planned.skipped]
     assert "paged_recurrent_state" in left_out and "releases_state_at_stop" in left_out
 
 

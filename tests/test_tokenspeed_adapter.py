@@ -27,7 +27,7 @@ from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay
 from kvspec.conformance.harness.scheduler_driver import SchedulerDriver
 from kvspec.conformance.harness.trace import Trace, TraceStep, load
-from kvspec.conformance.runs.jobs import machines
+from kvspec.conformance.runs.plan import plan
 from kvspec.spec.scheduler import SchedulerConfig
 
 TESTS = Path(__file__).resolve().parent
@@ -80,7 +80,8 @@ def test_the_worked_example_of_chapter_10_as_tokenspeed_runs_it():
 @pytest.mark.parametrize("adapter", ["tokenspeed", "tokenspeed-aborts"])
 def test_tokenspeed_passes_the_scheduler_runs(adapter, label):
     """[SCHED-1 .. SCHED-9] every plan, result and end of random arrivals checked."""
-    machine = dict(machines(load_adapter(adapter)))[label]
+    loaded = load_adapter(adapter)
+    machine = plan(loaded).named(label).machine(loaded)
     run_state_machine_as_test(machine, settings=settings(max_examples=25, stateful_step_count=25, deadline=None,
                                                          suppress_health_check=list(HealthCheck), database=None))
     assert machine.steps > 100 and machine.tally.checked["scheduling"] > 0

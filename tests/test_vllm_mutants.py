@@ -27,7 +27,7 @@ from kvspec.adapters.vllm.mutants import ALL_MUTANTS, BLOCK_POOL, MANAGERS, MUTA
 from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.trace import TraceStep
@@ -160,10 +160,12 @@ def test_a_patch_stays_inside_its_mutant():
 def test_a_bug_seen_when_the_engine_is_built_is_saved_and_reproduced(tmp_path):
     """[BLOCK-3] null-block-in-free-queue breaks the fresh engine: the saved trace has no
     steps, and replaying it reproduces the failure (it is not called nondeterministic)."""
-    from kvspec.conformance.runs.jobs import Job, check_job
+    from kvspec.conformance.runs.plan import plan
+    from kvspec.conformance.runs.runner import Job, check_job
 
     mutant = MUTANTS["null-block-in-free-queue"]
-    result = check_job(Job(mutant.name, mutant.exposed_by.label, "quick", 0, str(tmp_path)))
+    planned = plan(load_adapter(mutant.name)).of(mutant.exposed_by)
+    result = check_job(Job(mutant.name, planned, "quick", 0, str(tmp_path)))
     assert result.verdict == "violated" and "BLOCK-3" in result.clauses
     assert result.trace_steps == 0 and "not deterministic" not in result.message
 
@@ -177,13 +179,13 @@ def test_the_zoo_holds_every_vllm_mutant():
     for specimen in chosen:
         mutant = ALL_MUTANTS[specimen.slug]
         assert specimen.implementation == "vllm" and specimen.adapter == mutant.name
-        assert (specimen.run, specimen.clause, specimen.invariant_class) == \
-            (mutant.exposed_by.label, mutant.clause, mutant.invariant_class)
+        assert (specimen.exposed_by, specimen.clause, specimen.invariant_class) == \
+            (mutant.exposed_by, mutant.clause, mutant.invariant_class)
 
 
 def test_kvspec_zoo_catches_a_vllm_mutant(tmp_path):
     """null-block-in-free-queue (seen when the engine is built: the fastest), through the zoo's
-    workers: caught for its clause and class, in a valid zoo/1 document. (No clause id is named
+    workers: caught for its clause and class, in a valid zoo/2 document. (No clause id is named
     here: the other tests of this file cite the clauses.)"""
     mutant = MUTANTS["null-block-in-free-queue"]
     result = subprocess.run(["kvspec", "zoo", "--implementation", "vllm", "--only", "null-block-in-free-queue",

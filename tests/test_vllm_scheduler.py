@@ -24,7 +24,8 @@ from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.scheduler_driver import SchedulerDriver
 from kvspec.conformance.harness.trace import TraceStep
-from kvspec.conformance.runs.jobs import Job, check_job
+from kvspec.conformance.runs.plan import plan
+from kvspec.conformance.runs.runner import Job, check_job
 from kvspec.spec.block_pool import NULL_BLOCK, BlockPoolSnapshot
 from kvspec.spec.scheduler import Plan, Preempted, Preemption, SchedulerConfig
 
@@ -54,7 +55,7 @@ def test_a_check_passes_with_the_scheduler_and_block_pool_checks(adapter, tmp_pa
     quick profile (in this process: vLLM is imported once for the module), every plan,
     result and end checked, and the memory snapshot by chapter 08's checks: no violation,
     nothing skipped, no check of the two-pool model counted."""
-    result = check_job(Job(adapter, "scheduler P=4 W=8", "quick", 0, str(tmp_path)))
+    result = check_job(Job(adapter, plan(load_adapter(adapter)).named("scheduler P=4 W=8"), "quick", 0, str(tmp_path)))
     assert result.verdict == "ok", result.message
     for checked in ("scheduling", "mapping", "window-bound", "window-liveness", "leak", "ownership", "alignment"):
         assert result.tallies[checked].checked > 0 and result.tallies[checked].violated == 0, checked

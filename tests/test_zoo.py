@@ -9,9 +9,11 @@ import jsonschema
 import pytest
 
 from kvspec.adapters.mutants import MUTANTS
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.reports.model import RunResult
 from kvspec.conformance.zoo.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
+from report_helpers import run_result
+
 
 
 def kvspec(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -31,7 +33,7 @@ def test_a_caught_mutant_passes_the_zoo_with_a_table_and_valid_json(tmp_path):
 
 
 def specimen(adapter: str, invariant_class: str, clause: str, run: Run) -> Specimen:
-    return Specimen("reference", adapter, adapter, run.label, clause, invariant_class, "")
+    return Specimen("reference", adapter, adapter, run, clause, invariant_class, "")
 
 
 def test_a_passing_mutant_and_a_wrongly_classed_one_fail_the_zoo(tmp_path):
@@ -64,7 +66,7 @@ def test_a_zoo_document_of_any_registered_implementation_validates(tmp_path):
 
 def test_a_malformed_zoo_document_is_rejected():
     with pytest.raises(jsonschema.ValidationError):
-        validate_json({"schema": "https://kvspec.dev/schemas/zoo/1", "mutants": []})
+        validate_json({"schema": "https://kvspec.dev/schemas/zoo/2", "mutants": []})
 
 
 def test_an_unknown_mutant_is_a_usage_error_naming_the_mutants():
@@ -74,10 +76,10 @@ def test_an_unknown_mutant_is_a_usage_error_naming_the_mutants():
 
 
 def test_a_crash_mutant_is_caught_only_by_a_crash_showing_its_message():
-    crash = Specimen("reference", "mutant-x", "x", "allocator P=4", "ALLOC-2", "crash", "", "OutOfMemory")
+    crash = Specimen("reference", "mutant-x", "x", Run(4), "ALLOC-2", "crash", "", "OutOfMemory")
 
     def result(verdict: str, message: str, clauses=()) -> RunResult:
-        return RunResult("allocator P=4", "allocator", verdict, 1, 1, 0.1, list(clauses), message)
+        return run_result(Run(4), verdict, 1, 1, 0.1, list(clauses), message)
 
     assert caught(crash, result("crashed", "TypeError: 'OutOfMemory' object is not subscriptable"))
     assert verdict(crash, result("crashed", "KeyError: 3")) == "WRONG CRASH (without 'OutOfMemory')"

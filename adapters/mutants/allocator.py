@@ -2,7 +2,7 @@
 
 import torch
 
-from kvspec.conformance.harness.families import CRASH, Run
+from kvspec.conformance.harness.declarations import CRASH, Run
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.reference.pool import Slots
 from kvspec.spec.allocator import swa_tail_split, swa_tail_starts_on_page

@@ -10,7 +10,7 @@ I=4`).
 import torch
 
 from kvspec.adapters.reference import BLOCK_POOL_CAPABILITIES
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.block_pool import BlockPool, KvEvent
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.spec.block_pool import NULL_BLOCK, release_order, released_swa_blocks

@@ -1,6 +1,6 @@
 """Request release bugs (LIFE-5): what a finished, aborted or retracted request gives back."""
 
-from kvspec.conformance.harness.families import CRASH, Run
+from kvspec.conformance.harness.declarations import CRASH, Run
 from kvspec.reference.engine import Engine
 from kvspec.spec.lifecycle import release_segments
 

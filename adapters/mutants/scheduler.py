@@ -6,7 +6,7 @@ scheduler (TokenSpeed's, vLLM's), named in its docstring.
 Each is an adapter of the scheduler tier alone (`scheduler P=.. W=..` runs).
 """
 
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.reference.scheduler import ReferenceScheduler
 from kvspec.spec.scheduler import PagePool, SchedulerView

@@ -13,7 +13,8 @@ from kvspec.adapters.reference import (
     ReferenceAllocatorAdapter,
     ReferenceEngineAdapter,
 )
-from kvspec.conformance.harness.families import Run, check_declaration
+from kvspec.conformance.harness.declarations import Run
+from kvspec.conformance.harness.families import MalformedDeclaration, check_declaration
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
 from kvspec.reference.engine import Engine
 from kvspec.reference.hybrid import HybridAllocator
@@ -27,7 +28,8 @@ def with_names(function: FunctionType, **names) -> FunctionType:
     same spelling: a bug seeded in one helper it calls, the rest of its code unchanged."""
     unused = sorted(set(names) - set(function.__code__.co_names))
     # a name the reference stopped reading would leave the mutant equal to the reference
-    assert not unused, f"{function.__qualname__} does not read {unused}; seed the bug where it lives now"
+    if unused:
+        raise MalformedDeclaration(f"{function.__qualname__} does not read {unused}; seed the bug where it lives now")
     copy = FunctionType(function.__code__, {**function.__globals__, **names}, function.__name__,
                         function.__defaults__, function.__closure__)
     copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
@@ -116,8 +118,9 @@ class Mutant:
     def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
                           allocator: type[HybridAllocator] | None = None, scheduler: type | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
-        assert engine or allocator or scheduler, \
-            f"mutant {slug!r}: pass the engine, allocator or scheduler class that carries the bug"
+        if not (engine or allocator or scheduler):
+            raise MalformedDeclaration(f"mutant {slug!r}: pass the engine, allocator or scheduler class that carries "
+                                       f"the bug")
         check_declaration(cls, slug)
         cls.name = f"mutant-{slug}"
         if allocator is not None:

@@ -1,7 +1,7 @@
 """Recurrent-state bugs (chapter 09): the state pool, copy-on-write, checkpoints, state
 locks and the release of a request's state, one seeded bug per clause."""
 
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.engine import Engine
 from kvspec.reference.state import StateComponent
 

@@ -1,7 +1,7 @@
 """Prefix tree bugs (TREE-2 .. TREE-5, WIN-7): what a match accepts and what eviction may
 take, decided wrong in the tree's SWA component."""
 
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.components import SWAComponent
 
 from .seeding import Mutant, engine_with_swa_component

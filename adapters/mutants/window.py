@@ -2,7 +2,7 @@
 freed computed wrong, an eviction that never runs, a cursor not set, and a PD-decode
 admission checkpointed over a tail too short for it."""
 
-from kvspec.conformance.harness.families import Run
+from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.components import SWAComponent
 from kvspec.reference.engine import Engine
 from kvspec.spec.pages import ceil_page

@@ -36,16 +36,17 @@ def measure(adapter: str, profile: str, seed: int | None, traces: str, runs: lis
     measured = coverage.Coverage(include=paths, data_file=None)
     measured.start()
     from kvspec.conformance.harness.protocol import load_adapter
-    from kvspec.conformance.runs.jobs import Job, check_job, machines
+    from kvspec.conformance.runs.plan import plan
+    from kvspec.conformance.runs.runner import Job, check_job
 
-    labels = [label for label, _ in machines(load_adapter(adapter))
-              if not runs or any(text in label for text in runs)]
+    chosen = plan(load_adapter(adapter))
+    chosen = chosen.select(runs) if runs else chosen
     failed = 0
-    for number, label in enumerate(labels, 1):
+    for number, planned in enumerate(chosen.runs, 1):
         started = time.perf_counter()
-        result = check_job(Job(adapter, label, profile, seed, traces))
+        result = check_job(Job(adapter, planned, profile, seed, traces))
         failed += result.verdict != "ok"
-        print(f"[{number}/{len(labels)}] {label}: {result.verdict}, {result.steps} steps in "
+        print(f"[{number}/{len(chosen.runs)}] {planned.label}: {result.verdict}, {result.steps} steps in "
               f"{time.perf_counter() - started:.0f} s", flush=True)
     measured.stop()
     print(f"\nline coverage of SGLang by kvspec check --adapter {adapter} --profile {profile}:")

@@ -42,7 +42,8 @@ from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machiner
     active,
     patched_code,
 )
-from kvspec.conformance.harness.families import CRASH, RUNS, Run, check_declaration
+from kvspec.conformance.harness.declarations import CRASH, RUNS, Run
+from kvspec.conformance.harness.families import MalformedDeclaration, check_declaration
 
 from . import SGLANG_PYTHON
 from .runtime import sglang
@@ -92,9 +93,11 @@ class SglangMutant:
     def __init_subclass__(cls, slug: str, base=SGLANG_PYTHON, **kwargs):
         super().__init_subclass__(**kwargs)
         check_declaration(cls, slug)
-        assert cls.exposed_by in RUNS, \
-            f"sglang mutant {slug!r}: {cls.exposed_by.label!r} is not a run kvspec check makes"
-        assert cls.reverts, f"sglang mutant {slug!r}: say which SGLang fix or flag it reverts"
+        if cls.exposed_by not in RUNS:
+            raise MalformedDeclaration(f"sglang mutant {slug!r}: {cls.exposed_by.label!r} is not a run kvspec check "
+                                       f"makes")
+        if not cls.reverts:
+            raise MalformedDeclaration(f"sglang mutant {slug!r}: say which SGLang fix or flag it reverts")
         cls.name = f"sglang-mutant-{slug}"
         cls.observables = base.observables
         cls.make_allocator = staticmethod(functools.partial(Patched, (cls.patch,), base.make_allocator))

@@ -14,7 +14,9 @@ delays an admission, which chapter 10 does not forbid; SCHED-7 saw it in one ci 
 
 from functools import partial
 
-from kvspec.conformance.harness.families import Family, PreparedMembers, Run
+from kvspec.conformance.harness.declarations import Run
+
+from kvspec.conformance.harness.families import Family, PreparedMembers
 
 from . import TOKENSPEED, make_scheduler
 from .bugs import BUGS, SeededBug, select

@@ -29,7 +29,8 @@ import functools
 
 from kvspec.adapters import patching
 from kvspec.adapters.patching import Patched
-from kvspec.conformance.harness.families import RUNS, Run, check_declaration
+from kvspec.conformance.harness.declarations import RUNS, Run
+from kvspec.conformance.harness.families import MalformedDeclaration, check_declaration
 
 from . import VLLM, VLLM_DENSE
 from .runtime import vllm
@@ -57,7 +58,7 @@ ALL_MUTANTS: dict[str, type["VllmMutant"]] = {}
 """Every mutant, by slug: the family `vllm-mutant-<slug>` (family.py)."""
 BLOCK_POOL_STATE_CLAUSES = tuple(f"STATE-{n}" for n in range(10, 15))
 """The clauses of chapter 09 that read a shared block pool (kvspec.spec.block_pool_state)."""
-ENGINE_RUNS = {run.label for run in RUNS if run.tier == "engine"}
+ENGINE_RUNS = {run for run in RUNS if run.tier == "engine"}
 
 
 class VllmMutant:
@@ -83,11 +84,12 @@ class VllmMutant:
     def __init_subclass__(cls, slug: str, base=VLLM, **kwargs):
         super().__init_subclass__(**kwargs)
         check_declaration(cls, slug)
-        assert cls.clause.startswith("BLOCK-") or cls.clause in BLOCK_POOL_STATE_CLAUSES, \
-            f"vllm mutant {slug!r}: name a clause of chapter 08 (BLOCK-n) or of recurrent state in a block pool " \
-            f"(STATE-10 .. STATE-14)"
-        assert cls.exposed_by.label in ENGINE_RUNS, \
-            f"vllm mutant {slug!r}: {cls.exposed_by.label!r} is not an engine run kvspec check makes"
+        if not (cls.clause.startswith("BLOCK-") or cls.clause in BLOCK_POOL_STATE_CLAUSES):
+            raise MalformedDeclaration(f"vllm mutant {slug!r}: name a clause of chapter 08 (BLOCK-n) or of recurrent "
+                                       f"state in a block pool (STATE-10 .. STATE-14)")
+        if cls.exposed_by not in ENGINE_RUNS:
+            raise MalformedDeclaration(f"vllm mutant {slug!r}: {cls.exposed_by.label!r} is not an engine run kvspec "
+                                       f"check makes")
         cls.name = f"vllm-mutant-{slug}"
         cls.base = base
         cls.policy_version, cls.capabilities, cls.memory_model = base.policy_version, base.capabilities, base.memory_model

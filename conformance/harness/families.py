@@ -11,7 +11,7 @@ any installed package can add to them):
                            `clauses` and `adapters`)
 
 A seeded family's members are bugs: each declares the `Run` of a check that exposes it
-and how it must be caught (an invariant class, or `CRASH`). Other families name real
+and how it must be caught (an invariant class, or `CRASH`: declarations.py). Other families name real
 adapters, such as every release of an engine.
 """
 
@@ -27,67 +27,14 @@ from typing import Any
 from kvspec.spec.clauses import CLAUSE_ID
 from kvspec.spec.invariants import INVARIANTS
 
+from .declarations import CRASH, Run
+
 ADAPTERS, FAMILIES, DIVERGENCES = "kvspec.adapters", "kvspec.adapter_families", "kvspec.divergences"
 
-CRASH = "crash"
-"""The detection a mutant declares when no invariant can see its bug first: the step fails
-inside the implementation (a refusal the spec requires of the allocator, ALLOC-6, or an
-allocation the bug let through and the pool cannot serve), which the harness reports as
-a crash with a shrunk, replayable trace. The mutant's `clause` then names the clause
-whose refusal fires, and its `crash_message` the text the crash must show."""
 
-
-@dataclass(frozen=True)
-class Run:
-    """One conformance run, as `kvspec check` makes it: the allocator machine at a page
-    size, the engine machine at a page size, window and decode eviction interval, or
-    the scheduler machine at a page size and window."""
-
-    page_size: int
-    window: int | None = None
-    interval: int | None = None
-    state_grid: int | None = None
-    """With recurrent state (chapter 09): its checkpoint grid; None: none."""
-    scheduler: bool = False
-    """The scheduler tier (chapter 10): the implementation's own scheduler plans."""
-    state: bool = False
-    """At the scheduler tier: a recurrent-state group beside the attention groups (SCHED-9)."""
-
-    @property
-    def tier(self) -> str:
-        return "scheduler" if self.scheduler else "allocator" if self.window is None else "engine"
-
-    @property
-    def label(self) -> str:
-        if self.tier == "allocator":
-            return f"allocator P={self.page_size}"
-        if self.tier == "scheduler":
-            return f"scheduler{'+state' if self.state else ''} P={self.page_size} W={self.window}"
-        label = f"P={self.page_size} W={self.window} I={self.interval}"
-        return f"engine {label}" if self.state_grid is None else f"engine+state {label} G={self.state_grid}"
-
-
-PAGE_SIZES = (1, 2, 4, 16)
-"""The allocator tier's runs, one per page size."""
-ENGINE_CONFIGS = (  # (page size, window, decode eviction interval): W % P == 0, 1..P-2, P-1, and P > W
-    (1, 3, 4), (2, 5, 1), (4, 6, 4), (4, 7, 1), (4, 8, 1), (4, 8, 128), (16, 5, 4))
-"""The engine tier's runs. The default interval 128 never fires in pools this small (a
-request cannot outgrow its cursor by 128 tokens): (4, 8, 128) checks that nothing is
-evicted before it is due, and (4, 8, 1) is the page-multiple window with decode
-eviction firing."""
-STATE_CONFIGS = ((1, 3, 4, 1), (2, 5, 1, 4), (4, 6, 4, 8))
-"""The engine tier's runs with recurrent state (page size, window, interval, checkpoint
-grid): every position a boundary (SGLang without its extra buffer needs page size 1),
-and grids of two pages, so that hits and checkpoints fall on and off the grid."""
-SCHEDULER_CONFIGS = ((1, 3), (2, 5), (4, 7), (4, 8), (16, 5))
-"""The scheduler tier's runs (page size, window): W % P == 0, 1..P-2, P-1, and P > W."""
-SCHEDULER_STATE_CONFIGS = ((1, 3), (4, 7))
-"""The scheduler tier's runs with a recurrent-state group (page size, window)."""
-RUNS = (*(Run(page_size) for page_size in PAGE_SIZES), *(Run(*config) for config in ENGINE_CONFIGS),
-        *(Run(*config) for config in STATE_CONFIGS),
-        *(Run(*config, scheduler=True) for config in SCHEDULER_CONFIGS),
-        *(Run(*config, scheduler=True, state=True) for config in SCHEDULER_STATE_CONFIGS))
-"""Every run a check makes (for the tiers and page sizes an adapter has)."""
+class MalformedDeclaration(Exception):
+    """A family, mutant or invariant declared wrongly: kvspec or the registering package must
+    fix it (raised where it is registered, never an `assert`, which `python -O` drops)."""
 
 
 def check_declaration(mutant: type, slug: str) -> None:
@@ -95,12 +42,17 @@ def check_declaration(mutant: type, slug: str) -> None:
     crash shows, and says in a docstring what the bug is."""
     registered_pairs = {(invariant.clause, invariant.invariant_class) for invariant in INVARIANTS}
     if mutant.invariant_class == CRASH:
-        assert re.fullmatch(CLAUSE_ID, mutant.clause) and mutant.crash_message, \
-            f"mutant {slug!r}: a crash names the clause whose refusal fires and its crash_message"
-    else:
-        assert (mutant.clause, mutant.invariant_class) in registered_pairs, \
-            f"mutant {slug!r}: ({mutant.clause!r}, {mutant.invariant_class!r}) is no registered invariant and class"
-    assert mutant.__doc__, f"mutant {slug!r}: say in a docstring what the bug is"
+        if not (isinstance(mutant.clause, str) and re.fullmatch(CLAUSE_ID, mutant.clause) and mutant.crash_message):
+            raise MalformedDeclaration(f"mutant {slug!r}: a crash names the clause whose refusal fires and its "
+                                       f"crash_message")
+    elif (mutant.clause, mutant.invariant_class) not in registered_pairs:
+        raise MalformedDeclaration(f"mutant {slug!r}: ({mutant.clause!r}, {mutant.invariant_class!r}) is no "
+                                   f"registered invariant and class")
+    if not mutant.__doc__:
+        raise MalformedDeclaration(f"mutant {slug!r}: say in a docstring what the bug is")
+    if not isinstance(getattr(mutant, "exposed_by", None), Run):
+        raise MalformedDeclaration(f"mutant {slug!r}: exposed_by must name the Run of a check that exposes it "
+                                   f"(kvspec.conformance.harness.declarations.Run)")
 
 
 @dataclass(frozen=True)
@@ -183,7 +135,8 @@ def families() -> tuple[Family, ...]:
     found = []
     for ep in registered(FAMILIES):
         family = ep.load()
-        assert isinstance(family, Family), f"entry point {ep.name} of {FAMILIES} must name a Family, not {family!r}"
+        if not isinstance(family, Family):
+            raise MalformedDeclaration(f"entry point {ep.name} of {FAMILIES} must name a Family, not {family!r}")
         found.append(family)
     return tuple(sorted(found, key=lambda family: -len(family.prefix)))
 

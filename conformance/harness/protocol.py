@@ -14,7 +14,8 @@ An adapter is any object (a module, a class, an instance) with these attributes:
     memory_model         optional: the name of the memory model of its policy_version
                          (kvspec.spec.models.MODELS; default "two-pool"); its snapshots are
                          that model's type and only that model's invariants apply
-    capabilities         a collection of CAPABILITIES it has; rules that need one it
+    capabilities         a collection of the Capability names it has (declarations.py, one
+                         table with what each turns on); rules that need one it
                          lacks do not run, and the report says so
     version_capabilities optional: {policy version: capabilities} for the versions whose
                          engines have other capabilities than `capabilities`
@@ -44,46 +45,20 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.allocator import AllocatorOperation, HybridAllocatorOperations
 from kvspec.spec.lifecycle import EngineOperation, EngineOperations
-from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel, model_of_version
+from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel
 from kvspec.spec.scheduler import SchedulerConfig, SchedulerOperations
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
-from kvspec.spec.window import POLICY_VERSIONS
+from kvspec.spec.window import POLICY_VERSIONS, PolicyVersion
 
 from . import families
-
-CAPABILITIES = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group",
-                "pd_checkpoint_keeps_window", "batched_prefill")
-"""recurrent_state: engines built with a state pool (EngineConfig.state_slots, chapter 09)
-show its memory model's snapshot with state; the runs with state need it, and those at a
-page size > 1 need paged_recurrent_state too (SGLang keeps a state at page size 1 only,
-without its extra buffer). releases_state_at_stop: a finish with a stop that leaves written
-outputs past it frees the working state, which has read them, instead of keeping it as
-the checkpoint of the shorter insert (STATE-9); without it the state runs finish without
-such a stop. refuses_misuse: an invalid free raises InvalidFree and changes nothing (ALLOC-6);
-atomic_alloc_decode: a failed alloc_decode changes nothing (ALLOC-4). Without them the
-allocator machine does not try the misuse, and calls alloc_decode only with room.
-preempts_only_when_needed: at the scheduler tier, a plan preempts a request only when its
-rows need the pages (SCHED-7); without it the scheduler runs give every request room of
-its own, so that no plan preempts (page pressure is then not exercised). state_group: at
-the scheduler tier, a recurrent-state group beside the attention groups (the
-scheduler+state runs, SCHED-9). pd_checkpoint_keeps_window: a PD-decode admission whose
-prompt the engine checkpoints at once leaves that leaf a window (I10) at every window;
-without it pd_admit is drawn only at windows where WIN-6's tail keeps one anyway
-(`kvspec.spec.window.pd_checkpoint_at_risk`). batched_prefill: the engine offers
-prefill_batch (LIFE-9), one chunk of each of several requests in one step; without it
-every prefill step is one request's (CAPABILITY_OPERATIONS)."""
-
-CAPABILITY_OPERATIONS = {"prefill_batch": "batched_prefill"}
-"""Engine operations an adapter offers only with a capability: required then, else never called."""
+from .declarations import OPTIONAL_OPERATIONS, Capability, Tier
 
 
 class Allocator(HybridAllocatorOperations, Protocol):
@@ -116,14 +91,18 @@ def operations(protocol: type) -> tuple[str, ...]:
 
 
 ALLOCATOR_OPERATIONS = operations(Allocator)
-ENGINE_OPERATIONS = tuple(operation for operation in operations(Engine) if operation not in CAPABILITY_OPERATIONS)
+ENGINE_OPERATIONS = tuple(operation for operation in operations(Engine) if operation not in OPTIONAL_OPERATIONS)
 SCHEDULER_OPERATIONS = operations(Scheduler)
 PARAMETERS: dict[str, tuple[str, ...]] = {
     operation.value: tuple(inspect.signature(getattr(EngineOperations, operation.value)).parameters)[1:]
     for operation in EngineOperation}
 """Each engine operation's arguments, in the order it takes them: a trace step's `args`."""
-assert set(ALLOCATOR_OPERATIONS) == {*AllocatorOperation, "state", "available_sizes"}
-assert set(ENGINE_OPERATIONS) | set(CAPABILITY_OPERATIONS) == {*EngineOperation, "snapshot"}
+# The protocol classes and the spec's operation names are written in two places; a
+# difference is kvspec's own mistake, raised at import (never an `assert`: `python -O`)
+if set(ALLOCATOR_OPERATIONS) != {*AllocatorOperation, "state", "available_sizes"} or \
+        set(ENGINE_OPERATIONS) | set(OPTIONAL_OPERATIONS) != {*EngineOperation, "snapshot"}:
+    raise ImportError("kvspec's protocol classes and the spec's operations (AllocatorOperation, EngineOperation) "
+                      "name different operations")
 
 
 class AdapterError(Exception):
@@ -131,53 +110,90 @@ class AdapterError(Exception):
 
 
 @dataclass(frozen=True)
-class Adapter:
-    """A validated adapter."""
+class Declaration:
+    """What an adapter declares, as plain data: everything but its factories. It pickles,
+    so a worker process that loaded the adapter hands it to the harness, whose own process
+    never runs adapter code; the plan of a check (kvspec.conformance.runs.plan) is made
+    from it."""
 
     name: str
-    policy_version: str
-    capabilities: frozenset[str]
-    make_allocator: Callable[[int, int, int], Allocator] | None
-    make_engine: Callable[[EngineConfig], Engine] | None
+    policy_version: PolicyVersion
+    capabilities: frozenset[Capability]
     model: MemoryModel = TWO_POOL
     observables: frozenset[str] = frozenset(TWO_POOL.observables)
     spec: str = ""
     """What it was loaded by: a worker process loads it again by this."""
     preload: tuple[str, ...] = ()
     """Modules worker processes import before forking (the implementation's slow imports)."""
-    policy_versions: tuple[str, ...] = ()
+    policy_versions: tuple[PolicyVersion, ...] = ()
     """Every policy version it implements (policy_version first)."""
-    make_scheduler: Callable[[SchedulerConfig], Scheduler] | None = None
-    version_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
+    version_capabilities: tuple[tuple[PolicyVersion, frozenset[Capability]], ...] = ()
     """(version, capabilities) of the versions whose engines have other capabilities."""
+    tiers: frozenset[Tier] = frozenset()
+    """The tiers it has a factory for."""
 
-    def model_versions(self) -> tuple[str, ...]:
+    def model_versions(self) -> tuple[PolicyVersion, ...]:
         """The first version of each memory model it implements, policy_version first: a
         check runs each model's runs at it."""
-        firsts: dict[str, str] = {}
+        firsts: dict[str, PolicyVersion] = {}
         for version in self.policy_versions or (self.policy_version,):
-            firsts.setdefault(model_of_version(version).name, version)
+            firsts.setdefault(version.model_name, version)
         return tuple(firsts.values())
 
-    def for_version(self, version: str) -> "Adapter | None":
+    def for_version(self, version: str):
         """The adapter as its engines of `version` are (that version's model, its
         capabilities and observables); None for a version it does not implement."""
         if version == self.policy_version:
             return self
         if version not in self.policy_versions:
             return None
-        model = model_of_version(version)
+        version = PolicyVersion(version)
+        model = version.model
         return replace(self, policy_version=version, model=model,
                        capabilities=dict(self.version_capabilities).get(version, self.capabilities),
                        observables=self.observables if model is self.model else frozenset(model.observables))
 
+    @property
+    def declaration(self) -> "Declaration":
+        return self
+
+
+@dataclass(frozen=True)
+class Adapter(Declaration):
+    """A validated adapter: its declaration and its factories."""
+
+    make_allocator: Callable[[int, int, int], Allocator] | None = None
+    make_engine: Callable[[EngineConfig], Engine] | None = None
+    make_scheduler: Callable[[SchedulerConfig], Scheduler] | None = None
+    tiers: frozenset[Tier] = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "tiers", frozenset(tier for tier, factory in (
+            (Tier.ALLOCATOR, self.make_allocator), (Tier.ENGINE, self.make_engine),
+            (Tier.SCHEDULER, self.make_scheduler)) if factory is not None))
+
+    def factory(self, tier: Tier) -> Callable | None:
+        return {Tier.ALLOCATOR: self.make_allocator, Tier.ENGINE: self.make_engine,
+                Tier.SCHEDULER: self.make_scheduler}[tier]
+
+    @property
+    def declaration(self) -> Declaration:
+        """The same without its factories: what pickles (Declaration)."""
+        return Declaration(**{name: getattr(self, name) for name in Declaration.__dataclass_fields__})
+
 
 def resolve(spec: str) -> Any:
-    """The object an adapter spec names."""
+    """The object an adapter spec names. Importing its module runs the adapter's code: any
+    way that code ends (an exception, `sys.exit`, a KeyboardInterrupt it raises) is an
+    AdapterError naming it; a check imports it in a worker process (isolation.py), where a
+    crash or a hang at import cannot take the harness with it."""
     try:
         registered = families.adapter(spec)
     except (families.UnknownMember, families.UnavailableMember) as error:
         raise AdapterError(str(error)) from None
+    except BaseException as error:  # noqa: BLE001 - a registered package's own code failed at import
+        raise AdapterError(f"adapter {spec!r}: loading it {ended(error)}; fix or reinstall the package that "
+                           f"registers it") from None
     if registered is not None:
         return registered
     if ":" not in spec:
@@ -191,67 +207,119 @@ def resolve(spec: str) -> Any:
     except ImportError as error:
         raise AdapterError(f"adapter {spec!r}: cannot import module {module_name!r} ({error}); "
                            f"is it installed, or on PYTHONPATH?") from error
-    except Exception as error:  # a syntax error, or the module's own code raised: the adapter's fault
-        raise AdapterError(f"adapter {spec!r}: importing module {module_name!r} raised {type(error).__name__}: "
-                           f"{error}; fix the module") from error
-    if not hasattr(module, attribute):
-        raise AdapterError(f"adapter {spec!r}: module {module_name!r} has no attribute {attribute!r}")
-    return getattr(module, attribute)
+    except BaseException as error:  # noqa: BLE001 - a syntax error, or the module's own code: the adapter's fault
+        raise AdapterError(f"adapter {spec!r}: importing module {module_name!r} {ended(error)}; fix the module"
+                           ) from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise AdapterError(f"adapter {spec!r}: module {module_name!r} has no attribute {attribute!r}") from None
+    except BaseException as error:  # noqa: BLE001 - a module __getattr__ of the adapter's
+        raise AdapterError(f"adapter {spec!r}: reading {attribute!r} of module {module_name!r} {ended(error)}"
+                           ) from None
+
+
+def ended(error: BaseException) -> str:
+    """How the adapter's code ended, in words: 'called sys.exit(0)', 'raised ValueError: x'."""
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r}) (a module that exits at import checks nothing)"
+    return f"raised {type(error).__name__}: {error}"
+
+
+def names(value: Any, attribute: str, problems: list[str], one_allowed: bool = False) -> tuple[str, ...]:
+    """A declared collection of names as a tuple, or () with a problem saying what is wrong
+    (a single string counts as one name only where `one_allowed`)."""
+    if isinstance(value, str):
+        if one_allowed:
+            return (value,)
+        problems.append(f"{attribute} must be a collection of names, e.g. ({value!r},), not the string {value!r}")
+        return ()
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        problems.append(f"{attribute} must be a collection of names (a tuple or list of str), not {value!r}")
+        return ()
+    try:
+        found = tuple(value)
+    except Exception as error:  # noqa: BLE001 - iterating the adapter's own object
+        problems.append(f"{attribute}: iterating it raised {type(error).__name__}: {error}")
+        return ()
+    if wrong := [item for item in found if not isinstance(item, str)]:
+        problems.append(f"{attribute} holds {wrong!r}, which are not names (str)")
+        return tuple(item for item in found if isinstance(item, str))
+    return found
 
 
 def validate(candidate: Any, spec: str) -> Adapter:
-    """Check an adapter object's declarations; raise AdapterError listing every problem.
+    """Check an adapter object's declarations; raise AdapterError listing every problem,
+    each naming the attribute (a value of the wrong type, a name the spec does not know,
+    an attribute whose reading raises).
     [WIN-1] The policy version it declares must be one the spec defines: it decides what
     the window checks require."""
     problems = []
-    name = getattr(candidate, "name", spec)
-    version = getattr(candidate, "policy_version", None)
-    model = MODELS.get(getattr(candidate, "memory_model", TWO_POOL.name))
+
+    def attribute(name: str, default: Any = None) -> Any:
+        try:
+            return getattr(candidate, name, default)
+        except Exception as error:  # noqa: BLE001 - a property of the adapter's that raises
+            problems.append(f"{name}: reading it raised {type(error).__name__}: {error}")
+            return default
+
+    name = attribute("name", spec)
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"name must be a non-empty string for reports (got {name!r})")
+        name = spec
+    model_name = attribute("memory_model", TWO_POOL.name)
+    model = MODELS.get(model_name) if isinstance(model_name, str) else None
     if model is None:
-        problems.append(f"memory_model must be one of {', '.join(MODELS)} (got {candidate.memory_model!r})")
+        problems.append(f"memory_model must be one of {', '.join(MODELS)} (got {model_name!r})")
         model = TWO_POOL
-    if version not in POLICY_VERSIONS:
+    version = attribute("policy_version")
+    if not isinstance(version, str) or version not in POLICY_VERSIONS:
         problems.append(f"policy_version must be one of {', '.join(POLICY_VERSIONS)} (got {version!r})")
-    elif version not in model.policy_versions:
-        problems.append(f"policy_version {version!r} is not one of the {model.name} model "
-                        f"({', '.join(model.policy_versions)}); declare its memory_model")
-    versions = getattr(candidate, "policy_versions", (version,))
-    versions = (versions,) if isinstance(versions, str) else tuple(versions)
-    if version not in versions:
+        version = None
+    else:
+        version = PolicyVersion(version)
+        if version not in model.policy_versions:
+            problems.append(f"policy_version {version!r} is not one of the {model.name} model "
+                            f"({', '.join(model.policy_versions)}); declare its memory_model")
+    versions = names(attribute("policy_versions", (version,) if version else ()), "policy_versions", problems,
+                     one_allowed=True)
+    if version is not None and version not in versions:
         problems.append(f"policy_versions {versions} must include its policy_version {version!r}")
     if stray := [v for v in versions if v not in POLICY_VERSIONS]:
         problems.append(f"policy_versions {stray} are no policy versions; choose from {', '.join(POLICY_VERSIONS)}")
-    capabilities = frozenset(getattr(candidate, "capabilities", ()))
-    unknown = sorted(capabilities - set(CAPABILITIES))
-    if unknown:
-        problems.append(f"unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
-    version_capabilities = {v: frozenset(c) for v, c in dict(getattr(candidate, "version_capabilities", {})).items()}
-    if stray := sorted(set(version_capabilities) - (set(versions) - {version})):
+    capabilities = names(attribute("capabilities", ()), "capabilities", problems)
+    if unknown := sorted(set(capabilities) - set(Capability)):
+        problems.append(f"unknown capabilities {unknown}; known: {', '.join(Capability)}")
+    declared = attribute("version_capabilities", {})
+    if not isinstance(declared, Mapping):
+        problems.append(f"version_capabilities must be a mapping {{policy version: capabilities}}, not {declared!r}")
+        declared = {}
+    version_capabilities = {v: names(c, f"version_capabilities[{v!r}]", problems) for v, c in declared.items()}
+    if stray := sorted(map(str, set(version_capabilities) - (set(versions) - {version}))):
         problems.append(f"version_capabilities names {stray}: only its other policy_versions may have other "
                         f"capabilities (those of {version!r} are `capabilities`)")
-    if unknown := sorted(set().union(*version_capabilities.values()) - set(CAPABILITIES)):
-        problems.append(f"unknown capabilities {unknown} in version_capabilities; known: {', '.join(CAPABILITIES)}")
-    observables = frozenset(getattr(candidate, "observables", model.observables))
-    if unknown := sorted(observables - set(model.observables)):
+    if unknown := sorted(set().union(*version_capabilities.values()) - set(Capability)):
+        problems.append(f"unknown capabilities {unknown} in version_capabilities; known: {', '.join(Capability)}")
+    observables = names(attribute("observables", model.observables), "observables", problems)
+    if unknown := sorted(set(observables) - set(model.observables)):
         problems.append(f"unknown observables {unknown} for the {model.name} model; "
                         f"known: {', '.join(model.observables)}")
-    make_allocator = getattr(candidate, "make_allocator", None)
-    make_engine = getattr(candidate, "make_engine", None)
-    make_scheduler = getattr(candidate, "make_scheduler", None)
-    if make_allocator is None and make_engine is None and make_scheduler is None:
+    preload = names(attribute("preload", ()), "preload", problems, one_allowed=True)
+    factories = {tier: attribute(f"make_{tier}") for tier in Tier}
+    if all(factory is None for factory in factories.values()):
         problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size), "
                         "make_engine(config) and/or make_scheduler(config)")
-    for factory, label in ((make_allocator, "make_allocator"), (make_engine, "make_engine"),
-                           (make_scheduler, "make_scheduler")):
+    for tier, factory in factories.items():
         if factory is not None and not callable(factory):
-            problems.append(f"{label} must be callable")
+            problems.append(f"make_{tier} must be callable (got {factory!r})")
     if problems:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
-    preload = getattr(candidate, "preload", ())
-    preload = (preload,) if isinstance(preload, str) else tuple(preload)
-    return Adapter(name, version, capabilities, make_allocator, make_engine, model, observables, spec, preload,
-                   (version, *(v for v in versions if v != version)), make_scheduler,
-                   tuple(version_capabilities.items()))
+    versions = tuple(PolicyVersion(v) for v in versions)
+    return Adapter(name, version, frozenset(map(Capability, capabilities)), model, frozenset(observables), spec,
+                   preload, (version, *(v for v in versions if v != version)),
+                   tuple((PolicyVersion(v), frozenset(map(Capability, c))) for v, c in version_capabilities.items()),
+                   make_allocator=factories[Tier.ALLOCATOR], make_engine=factories[Tier.ENGINE],
+                   make_scheduler=factories[Tier.SCHEDULER])
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:
@@ -287,7 +355,7 @@ def load_adapter(spec: str) -> Adapter:
     def engine_operations(config: EngineConfig) -> tuple[str, ...]:
         """Every engine's operations, and those of the capabilities of its version's engines."""
         capabilities = (adapter.for_version(config.policy.version) or adapter).capabilities
-        return ENGINE_OPERATIONS + tuple(operation for operation, capability in CAPABILITY_OPERATIONS.items()
+        return ENGINE_OPERATIONS + tuple(operation for operation, capability in OPTIONAL_OPERATIONS.items()
                                          if capability in capabilities)
 
     return replace(adapter, make_allocator=checked(adapter.make_allocator, ALLOCATOR_OPERATIONS, "allocator"),

@@ -36,6 +36,7 @@ def run_json(run: RunResult) -> dict:
     return {
         "label": run.label,
         "tier": run.tier,
+        "run": dict(run.run),
         "verdict": run.verdict,
         "examples": run.examples,
         "steps": run.steps,
@@ -59,7 +60,7 @@ def run_json(run: RunResult) -> dict:
 
 
 def to_json(report: CheckReport) -> dict:
-    """The report as a report/1 document (see schemas/report.schema.json)."""
+    """The report as a report/2 document (see schemas/report.schema.json)."""
     return {
         "schema": REPORT_SCHEMA_ID,
         "kvspec_version": report.kvspec_version,
@@ -79,7 +80,7 @@ def to_json(report: CheckReport) -> dict:
 
 
 def write_json(report: CheckReport, path: str | Path) -> None:
-    """Write the report/1 document to `path` (creating its folder), after validating it:
+    """Write the report/2 document to `path` (creating its folder), after validating it:
     a document CI cannot read is a kvspec bug, and it should say so where it happens."""
     document = to_json(report)
     validate_json(document)

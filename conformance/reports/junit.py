@@ -7,7 +7,7 @@ from xml.etree import ElementTree
 
 from kvspec.spec.registry import INVARIANT_CLASSES
 
-from .model import MESSAGE_ATTRIBUTE_LENGTH, CheckReport, RunResult, outcome, skip_reasons, tier_of
+from .model import MESSAGE_ATTRIBUTE_LENGTH, CheckReport, RunResult, outcome, skip_reasons
 from .text import plural, result_text
 
 NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -100,9 +100,9 @@ def to_junit(report: CheckReport) -> str:
     settings = {"kvspec_version": report.kvspec_version, "adapter": report.adapter,
                 "policy_version": report.policy_version, "profile": report.profile,
                 "seed": "random" if report.seed is None else str(report.seed), "started": report.started}
-    for tier in dict.fromkeys([*(run.tier for run in report.runs), *map(tier_of, report.unfinished)]):
+    for tier in dict.fromkeys([*(run.tier for run in report.runs), *report.unfinished.values()]):
         runs = [run for run in report.runs if run.tier == tier]
-        unfinished = [label for label in report.unfinished if tier_of(label) == tier]
+        unfinished = [label for label, its_tier in report.unfinished.items() if its_tier == tier]
         name = suite_name(report, tier)
         counts = junit_counts(runs)
         counts.update(tests=str(int(counts["tests"]) + len(unfinished)),

@@ -34,11 +34,18 @@ from pathlib import Path
 from kvspec.spec.clauses import CLAUSE_ID
 from kvspec.spec.registry import INVARIANT_CLASSES
 
-REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/1"
+REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/2"
 TIERS = ("allocator", "engine", "scheduler")
-VERDICTS = ("ok", "violated", "crashed", "hung")
-INTERRUPTS = {"SIGINT": 2, "SIGTERM": 15}
-"""The signals that stop a check with a partial report (Ctrl-C, a cancelled CI job)."""
+VERDICTS = ("ok", "violated", "crashed", "hung", "error")
+"""error: the adapter could not build the implementation of this run (an AdapterError in
+its worker); the other runs' verdicts stand."""
+FAILED = ("violated", "crashed", "hung")
+"""The verdicts that are a failure of the implementation (exit status 1)."""
+INTERRUPTS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}
+"""The signals that stop a check with a partial report (a closed terminal, Ctrl-C, a
+cancelled CI job)."""
+RUN_FIELDS = ("tier", "page_size", "window", "interval", "state_grid", "state", "policy_version", "memory_model")
+"""`RunResult.run`: the run's configuration, as its plan made it (plan.PlannedRun.description)."""
 UTC_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|\+00:00)")
 """`CheckReport.started`: ISO 8601 in UTC, as `utc_now()` writes it (the schema's pattern)."""
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -64,7 +71,7 @@ class RunResult:
 
     label: str  # e.g. "engine P=4 W=6 I=4"
     tier: str  # "allocator" | "engine" | "scheduler"
-    verdict: str  # "ok" | "violated" | "crashed" | "hung"
+    verdict: str  # "ok" | "violated" | "crashed" | "hung" | "error"
     examples: int
     steps: int  # checked steps
     seconds: float
@@ -82,12 +89,17 @@ class RunResult:
     shrink_stopped_at_budget: bool = False  # shrinking was cut at the budget, not finished
     picture: str | None = None  # path of the picture of the run (kvspec check --plot), not in the JSON report
     replay_adapter: str | None = None  # the adapter the trace fails on, when not the checked one (a differential's other)
+    run: dict = field(default_factory=dict)  # its configuration, RUN_FIELDS: what reports and tables read, never the label
+    cause: str = ""  # a crash's own traceback, where the implementation raised (not in the JSON report)
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"
         require(bool(self.label), "RunResult needs a label, e.g. 'engine P=4 W=6 I=4'")
         require(self.tier in TIERS, f"{where}: tier {self.tier!r}; use one of {TIERS}")
         require(self.verdict in VERDICTS, f"{where}: verdict {self.verdict!r}; use one of {VERDICTS}")
+        require(set(self.run) == set(RUN_FIELDS) and self.run["tier"] == self.tier,
+                f"{where}: run {self.run!r} must give the run's {', '.join(RUN_FIELDS)} (its planned run's "
+                f"description), with the same tier")
         require_count(self.examples, f"{where}: examples")
         require_count(self.steps, f"{where}: steps")
         require_seconds(self.seconds, f"{where}: seconds")
@@ -128,9 +140,10 @@ class CheckReport:
     seconds: float
     runs: list[RunResult]
     interrupted: str | None = None
-    """The signal that stopped the check before every run finished ("SIGINT", "SIGTERM"),
-    or None: `runs` are those that finished, `unfinished` the labels of the rest."""
-    unfinished: list[str] = field(default_factory=list)
+    """The signal that stopped the check before every run finished ("SIGHUP", "SIGINT",
+    "SIGTERM"), or None: `runs` are those that finished, `unfinished` the rest."""
+    unfinished: dict[str, str] = field(default_factory=dict)
+    """The label and tier of each run that did not finish."""
 
     def __post_init__(self):
         require(self.interrupted in INTERRUPTS or self.interrupted is None,
@@ -145,11 +158,14 @@ class CheckReport:
 
     @property
     def exit_status(self) -> int:
-        """0 when every run is ok, else 1 (the exit status of `kvspec check`); 128 + the
+        """The exit status of `kvspec check`: 0 when every run is ok; 1 when a run failed
+        (violated, crashed, hung); else 2 when a run ended in an adapter error; 128 + the
         signal's number when it was interrupted, as a shell reports a process it stopped."""
         if self.interrupted is not None:
             return 128 + INTERRUPTS[self.interrupted]
-        return 0 if all(run.verdict == "ok" for run in self.runs) else 1
+        if any(run.verdict in FAILED for run in self.runs):
+            return 1
+        return 2 if any(run.verdict == "error" for run in self.runs) else 0
 
 
 def require(condition: bool, message: str) -> None:
@@ -182,7 +198,7 @@ def every_check_skipped(run: RunResult) -> bool:
 
 def outcome(run: RunResult) -> str:
     """The run as a JUnit testcase: 'passed', 'failure', 'error' or 'skipped'."""
-    if run.verdict in ("crashed", "hung"):
+    if run.verdict in ("crashed", "hung", "error"):
         return "error"
     if run.verdict == "violated":
         return "failure"
@@ -213,9 +229,3 @@ def class_totals(report: CheckReport) -> dict[str, dict]:
 def verdict_counts(report: CheckReport) -> dict[str, int]:
     counted = Counter(run.verdict for run in report.runs)
     return {verdict: counted[verdict] for verdict in VERDICTS}
-
-
-def tier_of(label: str) -> str:
-    """The tier a run's label names ("allocator P=4", "engine P=4 W=6 I=4", "engine+state ...",
-    "scheduler P=4 W=7")."""
-    return label.split(" ", 1)[0].split("+", 1)[0]

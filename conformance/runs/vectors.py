@@ -51,7 +51,7 @@ from kvspec.spec.window import (
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.engine_machine import engine_machine
-from ..harness.families import STATE_CONFIGS
+from ..harness.declarations import STATE_CONFIGS
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.scheduler_machine import scheduler_config_json, scheduler_machine

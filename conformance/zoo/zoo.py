@@ -10,11 +10,13 @@ miss: the exit status is 1 and the table says which.
 
 The table: per mutant, the clauses that caught it, the length of the shrunk
 counterexample (a trace that `kvspec replay` reproduces), and the seconds to the first
-counterexample (before shrinking). `--json F` writes the same as a zoo/1 document
-(schemas/zoo.schema.json; each run in it is a run of report/1).
+counterexample (before shrinking). `--json F` writes the same as a zoo/2 document
+(schemas/zoo.schema.json; each run in it is a run of report/2). Interrupted (Ctrl-C,
+SIGTERM, SIGHUP), it writes what finished, marked interrupted.
 """
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +26,20 @@ from referencing import Registry, Resource
 
 from kvspec.spec.invariants import INVARIANTS
 
-from ..harness.families import CRASH, Family, seeded_families
-from ..harness.isolation import run_jobs
+from ..harness.declarations import CRASH, Run
+from ..harness.families import Family, seeded_families
+from ..harness.isolation import LOAD_SECONDS, run_jobs
 from ..harness.profiles import PROFILES
-from ..harness.protocol import AdapterError, load_adapter
+from ..harness.protocol import AdapterError
 from ..harness.trace import kvspec_version
+from ..outputs import output_directory, output_file, write_text
 from ..reports.json_report import load_report_schema, run_json
-from ..reports.model import SCHEMAS, RunResult, utc_now
+from ..reports.model import INTERRUPTS, SCHEMAS, RunResult, utc_now
 from ..reports.text import aligned
-from ..runs.jobs import Job, isolated_check, lost_check
+from ..runs.plan import plan
+from ..runs.runner import Job, declared, isolated_check, lost_check
 
-ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/1"
+ZOO_SCHEMA_ID = "https://kvspec.dev/schemas/zoo/2"
 CLASS_OF_CLAUSE = {invariant.clause: invariant.invariant_class for invariant in INVARIANTS}
 IMPLEMENTATION_ORDER = {"reference": 0, "sglang": 1, "vllm": 2}
 """The order of the table: kvspec's own reference first (a family of another package last)."""
@@ -53,7 +58,7 @@ class Specimen:
     implementation: str  # "reference" | "sglang" | "vllm"
     adapter: str  # the adapter spec a worker loads, e.g. "mutant-stale-mapping"
     slug: str
-    run: str  # the label of the run that exposes it, e.g. "engine P=4 W=6 I=4"
+    exposed_by: Run  # the run that exposes it, at the mutant's own policy version
     clause: str
     invariant_class: str  # an invariant class, or CRASH
     reverts: str
@@ -63,7 +68,7 @@ class Specimen:
 def specimens(family: Family) -> list[Specimen]:
     # a mutant that reverts no SGLang fix, or is never seen as a crash, declares neither
     # `reverts` nor `crash_message`
-    return [Specimen(family.implementation, f"{family.prefix}{slug}", slug, mutant.exposed_by.label, mutant.clause,
+    return [Specimen(family.implementation, f"{family.prefix}{slug}", slug, mutant.exposed_by, mutant.clause,
                      mutant.invariant_class, getattr(mutant, "reverts", ""), getattr(mutant, "crash_message", ""))
             for slug, mutant in sorted(family.members().items())]
 
@@ -129,25 +134,30 @@ def verdict(specimen: Specimen, result: RunResult) -> str:
 # -- running -----------------------------------------------------------------------------------
 
 def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str, workers: int,
-            step_timeout: float, shrink_seconds: float | None = None, progress=print) -> dict[Specimen, RunResult]:
-    """Each specimen on its exposing run, in worker processes; results as they end."""
-    preload = tuple(dict.fromkeys(module for adapter in {specimen.adapter for specimen in chosen}
-                                  for module in load_adapter(adapter).preload))
-    jobs = {Job(specimen.adapter, specimen.run, profile, seed, traces, shrink_seconds=shrink_seconds): specimen
-            for specimen in chosen}
-    results = {}
+            step_timeout: float, shrink_seconds: float | None = None, progress=print,
+            results: dict[Specimen, RunResult] | None = None,
+            load_seconds: float = LOAD_SECONDS) -> dict[Specimen, RunResult]:
+    """Each specimen on its exposing run (the planned run of its `exposed_by`), in worker
+    processes; results as they end, into `results` (what finished is there when an
+    interruption raises)."""
+    specs = list(dict.fromkeys(specimen.adapter for specimen in chosen))
+    declarations = dict(zip(specs, declared(specs, load_seconds)))
+    started = time.time()
+    jobs = {Job(specimen.adapter, plan(declarations[specimen.adapter]).of(specimen.exposed_by), profile, seed, traces,
+                shrink_seconds=shrink_seconds, adapter_name=declarations[specimen.adapter].name, started=started):
+            specimen for specimen in chosen}
+    results = {} if results is None else results
 
     def done(job: Job, result):
-        if isinstance(result, BaseException):
-            raise result
         specimen = jobs[job]
         results[specimen] = result
         timing = "" if result.first_failure_seconds is None else \
             f", first counterexample after {result.first_failure_seconds:.1f} s"
-        progress(f"[{len(results)}/{len(jobs)}] {specimen.adapter} ({specimen.run}): "
+        progress(f"[{len(results)}/{len(jobs)}] {specimen.adapter} ({specimen.exposed_by.label}): "
                  f"{verdict(specimen, result)}{timing}", flush=True)
 
-    run_jobs(list(jobs), isolated_check, lost_check, workers, step_timeout, done, preload=preload)
+    run_jobs(list(jobs), isolated_check, lost_check, workers, step_timeout, done, adapters=specs,
+             load_seconds=load_seconds)
     return {specimen: results[specimen] for specimen in chosen}
 
 
@@ -164,7 +174,7 @@ def table(results: dict[Specimen, RunResult]) -> str:
     for specimen, result in results.items():
         expected = f"{specimen.clause} ({specimen.invariant_class}" + \
             (f": {specimen.crash_message})" if specimen.invariant_class == CRASH else ")")
-        rows.append([specimen.adapter, specimen.run, expected,
+        rows.append([specimen.adapter, specimen.exposed_by.label, expected,
                      detected_by(result),
                      "-" if result.trace_steps is None else str(result.trace_steps),
                      "-" if result.first_failure_seconds is None else f"{result.first_failure_seconds:.1f}",
@@ -174,7 +184,8 @@ def table(results: dict[Specimen, RunResult]) -> str:
     return aligned(rows, right_aligned={4, 5})
 
 
-def to_json(results: dict[Specimen, RunResult], profile: str, seed: int | None, started: str, seconds: float) -> dict:
+def to_json(results: dict[Specimen, RunResult], profile: str, seed: int | None, started: str, seconds: float,
+            interrupted: str | None = None, unfinished: list[Specimen] = ()) -> dict:
     return {
         "schema": ZOO_SCHEMA_ID,
         "kvspec_version": kvspec_version(),
@@ -195,12 +206,14 @@ def to_json(results: dict[Specimen, RunResult], profile: str, seed: int | None, 
             "detected_classes": detected_classes(result),
             "run": run_json(result),
         } for specimen, result in results.items()],
+        **({"interrupted": {"signal": interrupted, "unfinished": [specimen.adapter for specimen in unfinished]}}
+           if interrupted else {}),
     }
 
 
 def validate_json(document: dict) -> None:
-    """Raise jsonschema.ValidationError unless `document` is a zoo/1 document (its runs
-    are report/1 runs)."""
+    """Raise jsonschema.ValidationError unless `document` is a zoo/2 document (its runs
+    are report/2 runs)."""
     schema = json.loads((SCHEMAS / "zoo.schema.json").read_text(encoding="utf-8"))
     report = load_report_schema()
     registry = Registry().with_resource(report["$id"], Resource.from_contents(report))
@@ -209,9 +222,7 @@ def validate_json(document: dict) -> None:
 
 def write_json(document: dict, path: str | Path) -> None:
     validate_json(document)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(document, indent=2) + "\n")
 
 
 def installed_implementations(implementation: str, say=print) -> tuple[str, ...]:
@@ -230,17 +241,36 @@ def installed_implementations(implementation: str, say=print) -> tuple[str, ...]
 
 
 def zoo_command(args) -> int:
+    if args.implementation not in ("all", *implementations()):
+        raise AdapterError(f"--implementation {args.implementation}: no registered family of mutants is built on it; "
+                           f"choose all or one of {', '.join(implementations())}")
     chosen = collect(installed_implementations(args.implementation), args.only)
     print(f"kvspec zoo: {len(chosen)} mutants, profile {args.profile}, seed {args.seed}, "
           f"{args.workers} worker(s)", flush=True)
     started, stamp = time.perf_counter(), utc_now()
-    results = run_zoo(chosen, args.profile, args.seed, args.traces, args.workers, args.step_timeout,
-                      args.shrink_seconds)
+    results: dict[Specimen, RunResult] = {}
+    interrupted = None
+    try:
+        run_zoo(chosen, args.profile, args.seed, args.traces, args.workers, args.step_timeout, args.shrink_seconds,
+                results=results, load_seconds=args.load_timeout)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP: report the mutants that finished
+        interrupted = getattr(stop, "signal_name", "SIGINT")
+        print(f"\nkvspec zoo: interrupted ({interrupted}) with {len(results)} of {len(chosen)} mutants finished; "
+              f"the report holds those, marked interrupted", flush=True)
+    results = {specimen: results[specimen] for specimen in chosen if specimen in results}
     print()
     print(table(results))
     if args.json:
-        write_json(to_json(results, args.profile, args.seed, stamp, time.perf_counter() - started), args.json)
-        print(f"wrote {args.json}")
+        document = to_json(results, args.profile, args.seed, stamp, time.perf_counter() - started, interrupted,
+                           [specimen for specimen in chosen if specimen not in results])
+        try:
+            write_json(document, args.json)
+            print(f"wrote {args.json}")
+        except OSError as error:
+            print(f"kvspec: cannot write {args.json}: {error.strerror or error}; the report is lost", file=sys.stderr)
+            return 2
+    if interrupted:
+        return 128 + INTERRUPTS[interrupted]
     return 0 if all(caught(specimen, result) for specimen, result in results.items()) else 1
 
 
@@ -248,9 +278,10 @@ def add_command(subparsers):
     """Register `zoo` on the CLI's subparsers; `args.func(args)` runs it."""
     parser = subparsers.add_parser("zoo", help="run every seeded bug; each must be caught by its invariant class",
                                    description=__doc__.split("\n\n")[0])
-    parser.add_argument("--implementation", choices=("all", *implementations()), default="all",
-                        help="whose mutants: the reference's, those patched into real SGLang or real "
-                             "vLLM, or all (default; SGLang's and vLLM's only where they are installed)")
+    # the choices are checked when the zoo runs: reading the families imports their adapters
+    parser.add_argument("--implementation", default="all", metavar="IMPLEMENTATION",
+                        help="whose mutants: the reference's, those patched into real SGLang, real vLLM or "
+                             "TokenSpeed, or all (default; the engines' only where they are installed)")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="only the mutants whose adapter name contains TEXT (repeatable)")
     parser.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="how hard to search (default: ci)")
@@ -259,8 +290,9 @@ def add_command(subparsers):
     parser.add_argument("--shrink-seconds", type=float, metavar="SECONDS",
                         help="stop shrinking a counterexample after this long (default: the profile's budget, "
                              "60 s at ci; Hypothesis' own limit is 300, and some of these take that long)")
-    parser.add_argument("--json", metavar="FILE", help="write the results as JSON (schemas/zoo.schema.json)")
-    parser.add_argument("--traces", metavar="DIR", default="kvspec-traces/zoo",
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write the results as JSON (schemas/zoo.schema.json)")
+    parser.add_argument("--traces", metavar="DIR", default="kvspec-traces/zoo", type=output_directory,
                         help="where the shrunk counterexamples are saved (default: kvspec-traces/zoo)")
     parser.set_defaults(func=zoo_command)
     return parser
