@@ -29,7 +29,7 @@ from .harness.isolation import LOAD_SECONDS, MEMORY_LIMIT, Lost, run_jobs
 from .harness.profiles import PROFILES
 from .harness.protocol import AdapterError, Declaration
 from .harness.trace import Trace, TraceError, kvspec_version
-from .outputs import output_directory, output_file
+from .harness.outputs import output_directory, output_file
 from .reports.model import INTERRUPTS, CheckReport, utc_now
 from .reports.text import class_table, run_table
 from .review.occupancy import PlotError
@@ -145,6 +145,9 @@ def check(args) -> int:
     print(run_table(report))
     print()
     print(class_table(report))
+    errors = dict.fromkeys(run.message for run in report.runs if run.verdict == "error")
+    for message in errors:  # what the adapter must fix, once however many runs met it
+        print(f"kvspec: {message}", file=sys.stderr)
     return write_reports(report, ((args.json, "json"), (args.junit, "junit")))
 
 
@@ -180,7 +183,7 @@ def json_text(document: dict) -> str:
 
 
 def write(path: str, text: str) -> None:
-    from .outputs import write_text
+    from .harness.outputs import write_text
 
     write_text(path, text)
 

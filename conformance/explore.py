@@ -17,7 +17,7 @@ import json
 import secrets
 from pathlib import Path
 
-from .outputs import output_directory
+from .harness.outputs import output_directory
 
 
 def add_command(commands, add_check_options):

@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from kvspec.conformance.harness.profiles import profile, shrink_budget
     from kvspec.conformance.harness.protocol import AdapterError, load_adapter
-    from kvspec.conformance.outputs import output_directory
+    from kvspec.conformance.harness.outputs import output_directory
     from kvspec.conformance.runs.plan import plan
 
     # Refused here, before any collection or xdist worker starts, so that a wrong

@@ -203,7 +203,9 @@ def broken(edit):
     (broken(lambda document: document["runs"][1].update(steps=-5)), "$.runs[1].steps"),
     (broken(lambda document: document["runs"][0].update(trace_steps=4)), "$.runs[0].trace_steps"),
     (broken(lambda document: document.update(exit_status=0)), "$.exit_status"),
-    (broken(lambda document: document.update(schema="https://kvspec.dev/schemas/report/2")), "$.schema"),
+    (broken(lambda document: document.update(schema="https://kvspec.dev/schemas/report/1")), "$.schema"),
+    (broken(lambda document: document["runs"][0].pop("run")), "$.runs[0]"),
+    (broken(lambda document: document.update(exit_status=2)), "$.exit_status"),
     (broken(lambda document: document.update(started="2025-06-01 12:00")), "$.started"),
     (broken(lambda document: document.update(verdict="ok")), "'verdict' was unexpected"),
 ])

@@ -89,12 +89,25 @@ def test_the_memory_limit_must_be_a_positive_number(capsys):
 
 # -- 6. interrupt ------------------------------------------------------------------------------------
 
-def process_group_gone(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return True
-    return False
+def session_members(session: int) -> list[int]:
+    """The processes of a session (a harness started with start_new_session leads one): its
+    workers lead process groups of their own, inside it."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def process_group_gone(session: int) -> bool:
+    """Whether every process the harness led (its session) has ended."""
+    return not session_members(session)
 
 
 def take_ctrl_c() -> None:
@@ -222,7 +235,7 @@ def test_ctrl_c_while_the_forkserver_imports_prints_no_traceback_and_leaves_no_p
     preload is made slow on purpose and interrupted in the middle."""
     process, out, err = interrupted_replay(tmp_path, "test_worker_lifetime:SLOW_TO_PRELOAD", "preloading")
     assert process.returncode == 130, out + err
-    assert "interrupted (SIGINT)" in out and "Traceback" not in out + err, out + err
+    assert "interrupted (SIGINT)" in out + err and "Traceback" not in out + err, out + err
     deadline = time.time() + 60  # the forkserver ends once its preload has, seeing its parent gone
     while not process_group_gone(process.pid) and time.time() < deadline:
         time.sleep(0.2)
@@ -243,6 +256,6 @@ def test_no_worker_outlives_a_harness_killed_outright(tmp_path):
     while not process_group_gone(process.pid) and time.time() < deadline:
         time.sleep(0.2)
     alive = not process_group_gone(process.pid)
-    if alive:
-        os.killpg(process.pid, signal.SIGKILL)
+    for pid in session_members(process.pid) if alive else ():
+        os.kill(pid, signal.SIGKILL)
     assert not alive, "a worker outlived the harness"

@@ -274,17 +274,17 @@ def validate(candidate: Any, spec: str) -> Adapter:
         model = TWO_POOL
     version = attribute("policy_version")
     if not isinstance(version, str) or version not in POLICY_VERSIONS:
-        problems.append(f"policy_version must be one of {', '.join(POLICY_VERSIONS)} (got {version!r})")
+        problems.append(f"policy_version must be one of {', '.join(POLICY_VERSIONS)} (got {str(version)!r})")
         version = None
     else:
         version = PolicyVersion(version)
         if version not in model.policy_versions:
-            problems.append(f"policy_version {version!r} is not one of the {model.name} model "
+            problems.append(f"policy_version {str(version)!r} is not one of the {model.name} model "
                             f"({', '.join(model.policy_versions)}); declare its memory_model")
     versions = names(attribute("policy_versions", (version,) if version else ()), "policy_versions", problems,
                      one_allowed=True)
     if version is not None and version not in versions:
-        problems.append(f"policy_versions {versions} must include its policy_version {version!r}")
+        problems.append(f"policy_versions {versions} must include its policy_version {str(version)!r}")
     if stray := [v for v in versions if v not in POLICY_VERSIONS]:
         problems.append(f"policy_versions {stray} are no policy versions; choose from {', '.join(POLICY_VERSIONS)}")
     capabilities = names(attribute("capabilities", ()), "capabilities", problems)
@@ -297,7 +297,7 @@ def validate(candidate: Any, spec: str) -> Adapter:
     version_capabilities = {v: names(c, f"version_capabilities[{v!r}]", problems) for v, c in declared.items()}
     if stray := sorted(map(str, set(version_capabilities) - (set(versions) - {version}))):
         problems.append(f"version_capabilities names {stray}: only its other policy_versions may have other "
-                        f"capabilities (those of {version!r} are `capabilities`)")
+                        f"capabilities (those of {str(version)!r} are `capabilities`)")
     if unknown := sorted(set().union(*version_capabilities.values()) - set(Capability)):
         problems.append(f"unknown capabilities {unknown} in version_capabilities; known: {', '.join(Capability)}")
     observables = names(attribute("observables", model.observables), "observables", problems)

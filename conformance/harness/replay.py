@@ -19,7 +19,7 @@ from kvspec.spec.window import pd_checkpoint_at_risk
 from .allocator_driver import REFUSALS, AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
-from .protocol import Adapter, AdapterError, load_adapter
+from .protocol import Adapter, AdapterError, Declaration, load_adapter
 from .scheduler_driver import SchedulerDriver
 from .trace import Trace, TraceError
 
@@ -56,7 +56,7 @@ class Replay:
         return f"conforms: {self.steps} steps"
 
 
-def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
+def unmet_requirements(trace: Trace, adapter: Declaration) -> list[str]:
     """What the trace needs that the adapter lacks (a tier, a capability): such a trace is
     skipped, and reported as skipped, never as passed."""
     needs = {"tier": trace.tier, "page_size_1" if trace.config["page_size"] == 1 else "page_size_gt_1": True}
@@ -81,9 +81,7 @@ def unmet_requirements(trace: Trace, adapter: Adapter) -> list[str]:
             needs["paged_recurrent_state"] = True
         if any(step.op == "finish" and step.args.get("trim") for step in trace.steps):
             needs["releases_state_at_stop"] = True  # a stop past written outputs (STATE-9)
-    factory = {"allocator": adapter.make_allocator, "engine": adapter.make_engine,
-               "scheduler": adapter.make_scheduler}[trace.tier]
-    unmet = [] if factory is not None else [f"the {trace.tier} tier"]
+    unmet = [] if trace.tier in adapter.tiers else [f"the {trace.tier} tier"]
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
     if version not in adapter.policy_versions:  # WIN-1: a version it does not implement, or another model's
         unmet.append(f"policy version {version} (it implements {', '.join(adapter.policy_versions)})")

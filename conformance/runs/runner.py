@@ -43,7 +43,7 @@ from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, Declaration, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.trace import Trace, load
-from ..outputs import write_text
+from ..harness.outputs import write_text
 from ..reports.model import ClassTally, RunResult
 from ..review.occupancy import draw, timeline
 from .plan import PlannedRun
