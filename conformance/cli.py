@@ -36,7 +36,8 @@ from .reports.junit import write_junit
 from .reports.model import INTERRUPTS, CheckReport, utc_now
 from .reports.text import class_table, run_table
 from .review.diff_helpers import add_command as add_diff_helpers
-from .review.occupancy import PlotError, draw, picture_path, timeline
+from .review.occupancy import timeline
+from .review.occupancy_plot import PlotError, draw, picture_path
 from .review.spec_view import add_command as add_spec
 from .runs.jobs import Job, isolated_check, lost_check, machines, require_page_sizes, skipped_runs, slug
 from .runs.vectors import corpus, write_corpus

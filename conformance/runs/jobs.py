@@ -39,7 +39,8 @@ from ..harness.replay import replay, with_expectations
 from ..harness.scheduler_machine import scheduler_machine
 from ..harness.trace import Trace, load
 from ..reports.model import ClassTally, RunResult, tier_of
-from ..review.occupancy import draw, timeline
+from ..review.occupancy import timeline
+from ..review.occupancy_plot import draw
 
 CAPABILITY_OF_PAGE_SIZE = {True: "page_size_1", False: "page_size_gt_1"}
 
