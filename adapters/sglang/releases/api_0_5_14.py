@@ -28,7 +28,7 @@ and the legacy tree. Lines are of the 0.5.14 wheel's `sglang/srt/` unless 0.5.15
 
 
 
-from ..engine import KvFields
+from ..view import KvFields
 from .api_0_5_16 import Engine as Engine_0_5_16
 from .api_0_5_19 import add_free_page_census
 from .legacy_tree import legacy_tree_view

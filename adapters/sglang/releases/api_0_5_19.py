@@ -22,7 +22,7 @@ of the 0.5.19 wheel's `sglang/srt/` unless 0.5.20 is named.
 
 from functools import partial
 
-from ..engine import KvFields
+from ..view import KvFields
 from ..runtime import BEFORE_IMPORT, sglang
 from .api_0_5_21 import Engine as Engine_0_5_21
 
