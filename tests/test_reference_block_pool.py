@@ -18,7 +18,7 @@ from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter, validate
 from kvspec.conformance.runs.jobs import machines, skipped_runs
 from kvspec.reference.block_pool_engine import BlockPoolEngine
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.block_pool import (
     NULL_BLOCK,
     PREFIX_CACHE_RETENTION,
@@ -235,7 +235,7 @@ def test_invalid_configurations_are_clear_errors():
     with pytest.raises(InvalidConfig, match="multiple of the page size"):
         engine(size_full=30)
     with pytest.raises(InvalidConfig, match="shared block pool, checked by chapter 08"):
-        Engine(EngineConfig(4, 7, 64, 64, 4, Policy(VLLM_0_33)))
+        TwoPoolEngine(EngineConfig(4, 7, 64, 64, 4, Policy(VLLM_0_33)))
 
 
 # -- BLOCK-9 and BLOCK-10 on the reference's steps and on seeded bugs --------------------------
@@ -388,7 +388,7 @@ def test_a_differential_against_the_reference_makes_the_runs_both_can():
                                              "unknown capabilities \\['warp_drive'\\]")])
 def test_bad_version_capabilities_are_a_clear_adapter_error(declared, says):
     adapter = type("A", (), {"name": "a", "policy_version": "sglang-0.5.23", "capabilities": ("page_size_1",),
-                             "make_engine": Engine, **declared})
+                             "make_engine": TwoPoolEngine, **declared})
     with pytest.raises(AdapterError, match=says):
         validate(adapter, "x")
 
