@@ -20,10 +20,10 @@ Lines are of the 0.5.17 wheel's `sglang/srt/` unless 0.5.18 is named.
 """
 
 from ..view import KvFields
-from .api_0_5_19 import Engine as Engine_0_5_19
+from .api_0_5_19 import Engine_0_5_19
 
 
-class Engine(Engine_0_5_19):
+class Engine_0_5_17(Engine_0_5_19):
     """SGLang 0.5.17, 0.5.18."""
 
     def __init__(self, *args, **kwargs):
