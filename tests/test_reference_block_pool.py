@@ -24,9 +24,9 @@ from kvspec.spec.block_pool import (
     PREFIX_CACHE_RETENTION,
     SWA,
     BlockPoolSnapshot,
+    block_prefix_hit_violations,
     eviction_order_violations,
     prefix_hit_blocks,
-    prefix_hit_violations,
     release_order,
     swa_block_bound,
     swa_block_cached,
@@ -287,12 +287,12 @@ def test_a_whole_full_block_left_uncached():
 def test_a_hit_as_long_as_the_request_or_on_an_uncached_block():
     """[BLOCK-9] The hit must leave the last token to compute, and adopt cached blocks only."""
     previous, step, now = step_of(recorded(), "admit", "B")
-    assert prefix_hit_violations(previous, step, now) == []
+    assert block_prefix_hit_violations(previous, step, now) == []
     whole = replace(now, requests=tuple(replace(r, seq_len=r.kv_committed_len) if r.rid == "B" else r
                                         for r in now.requests))
-    assert [v.clause for v in prefix_hit_violations(previous, step, whole)] == ["BLOCK-9"]
+    assert [v.clause for v in block_prefix_hit_violations(previous, step, whole)] == ["BLOCK-9"]
     adopted = next(r for r in now.block_pool.requests if r.rid == "B").tables[0][0]
-    assert "not cached" in prefix_hit_violations(previous, step, with_key(now, adopted, None))[0].message
+    assert "not cached" in block_prefix_hit_violations(previous, step, with_key(now, adopted, None))[0].message
 
 
 def test_free_blocks_reordered():

@@ -22,7 +22,6 @@ from kvspec.spec.state import (
     checkpoint_violations,
     locked_checkpoint_violations,
     min_state_slots,
-    prefix_hit_violations,
     released_state_violations,
     state_conservation_violations,
     state_digest,
@@ -30,6 +29,7 @@ from kvspec.spec.state import (
     state_in_use_violations,
     state_lock_violations,
     state_ownership_violations,
+    state_prefix_hit_violations,
     working_slot_violations,
     working_state_violations,
 )
@@ -208,9 +208,9 @@ def test_state_5_a_hit_with_no_checkpoint_at_its_end():
     previous = checked(e)
     e.admit("b", PROMPT[:8] + [0, 0])
     now = e.snapshot()
-    assert prefix_hit_violations(previous, Step("admit", "b"), now) == []
+    assert state_prefix_hit_violations(previous, Step("admit", "b"), now) == []
     uncheckpointed = with_state(now, checkpoints=())
-    assert [v.clause for v in prefix_hit_violations(previous, Step("admit", "b"), uncheckpointed)] == ["STATE-5"]
+    assert [v.clause for v in state_prefix_hit_violations(previous, Step("admit", "b"), uncheckpointed)] == ["STATE-5"]
 
 
 def test_state_6_a_lock_on_a_node_no_request_ends_at_and_a_wrong_ledger(running):
