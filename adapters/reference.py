@@ -59,10 +59,10 @@ class ReferenceEngineAdapter:
 
     def __init__(self, config, device: str = "cpu"):
         from kvspec.reference.block_pool_engine import BlockPoolEngine
-        from kvspec.reference.engine import Engine
+        from kvspec.reference.engine import TwoPoolEngine
 
         shared = config.policy.version in BLOCK_POOL_VERSIONS
-        self.engine = (BlockPoolEngine if shared else Engine)(config, device=device)
+        self.engine = (BlockPoolEngine if shared else TwoPoolEngine)(config, device=device)
 
     def snapshot(self):
         return self.engine.snapshot()

@@ -32,7 +32,7 @@ from .harness.trace import Trace, TraceError, kvspec_version
 from .harness.outputs import output_directory, output_file
 from .reports.model import INTERRUPTS, CheckReport, utc_now
 from .reports.text import class_table, run_table
-from .review.occupancy import PlotError
+from .review.occupancy_plot import PlotError
 from .runs.plan import Plan, plan
 from .runs.runner import Job, declared, isolated_check, lost_check, slug
 
@@ -65,7 +65,7 @@ def memory_bytes(args) -> int:
 
 def picture_option(text: str) -> str:
     """`--plot FILE`: a format matplotlib draws (its suffix), in a place that can be written."""
-    from .review.occupancy import picture_path
+    from .review.occupancy_plot import picture_path
 
     try:
         picture_path(text)
@@ -198,7 +198,8 @@ def isolated_replay(task: tuple[str, Trace, str, bool, str | None], journal):
     drawing it raised)."""
     from .harness.protocol import load_adapter
     from .harness.replay import replay
-    from .review.occupancy import draw, timeline
+    from .review.occupancy import timeline
+    from .review.occupancy_plot import draw
 
     name, trace, adapter_spec, verbose, picture = task
     try:

@@ -46,7 +46,7 @@ class Request:
     rid: str
     tokens: list[int]
     """Prompt and outputs so far; the last output's KV is written by the next decode step."""
-    engine: "Engine"
+    engine: "TwoPoolEngine"
     row_index: int | None = None
     cache_protected_len: int = 0
     swa_evicted_seqlen: int = 0
@@ -72,7 +72,7 @@ class Request:
                            None if self.last_node is None else self.last_node.node_id)
 
 
-class Engine:
+class TwoPoolEngine:
     def __init__(self, config: EngineConfig, device: str | torch.device = "cpu"):
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.max_requests < 1:

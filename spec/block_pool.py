@@ -491,7 +491,8 @@ def uncached_full_block_violations(now: BlockPoolSnapshot) -> list[Violation]:
 
 
 @invariant("BLOCK-9", "mapping", reads={"rows"})
-def prefix_hit_violations(previous: BlockPoolSnapshot, step: Step | None, now: BlockPoolSnapshot) -> list[Violation]:
+def block_prefix_hit_violations(previous: BlockPoolSnapshot, step: Step | None,
+                                now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-9] An admission adopts a prefix hit of whole blocks, shorter than the
     request's tokens (the last one is always computed, for its logits: LIFE-3), and only
     blocks cached for their group: each real entry of the hit carries a key."""

@@ -249,7 +249,7 @@ def working_state_violations(now: HybridStateSnapshot) -> list[Violation]:
 
 
 @invariant("STATE-5", "state", reads={"rows", "tree"})
-def prefix_hit_violations(previous: HybridStateSnapshot, step: Step, now: HybridStateSnapshot) -> list[Violation]:
+def state_prefix_hit_violations(previous: HybridStateSnapshot, step: Step, now: HybridStateSnapshot) -> list[Violation]:
     """[STATE-5] An admission reuses a cached prefix only where a checkpoint ends it: the
     request's last node holds a checkpoint of exactly the hit (the hit of several
     components is the deepest node every one accepts)."""

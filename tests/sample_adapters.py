@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from kvspec.adapters.reference import ADAPTER as REFERENCE
 from kvspec.adapters.reference import ReferenceAllocatorAdapter, ReferenceEngineAdapter
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.spec.window import TWO_POOL_VERSIONS
 
@@ -68,7 +68,7 @@ class HangingEngine(ReferenceEngineAdapter):
         threading.Event().wait()
 
 
-class GreedyEvictionEngine(Engine):
+class GreedyEvictionEngine(TwoPoolEngine):
     """Evicts twice what it is asked: every invariant holds, but the free counts differ
     from the spec's (LIFE-7), which only a comparison with the reference sees (OBS-3)."""
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvspec.conformance.harness.protocol import AdapterError
-from kvspec.conformance.review.diff_helpers import add_command, conjuncts
+from kvspec.conformance.review.diff_helpers import add_command
+from kvspec.conformance.review.helper_sides import conjuncts
 
 TESTS = Path(__file__).resolve().parent
 BUDGET = "3"  # CrossHair CPU seconds per helper: both bugs below are found within 1

@@ -12,7 +12,7 @@ lifecycle does not allow, and what it returns when memory runs out:
 
 import pytest
 
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineConfig, Step
 from kvspec.spec.window import NO_PREFIX_SHARING, SGLANG_0_5_23, Policy
@@ -20,9 +20,9 @@ from kvspec.spec.window import NO_PREFIX_SHARING, SGLANG_0_5_23, Policy
 P, W = 4, 8
 
 
-def engine_with_every_kind_of_request(version: str = SGLANG_0_5_23) -> Engine:
+def engine_with_every_kind_of_request(version: str = SGLANG_0_5_23) -> TwoPoolEngine:
     """p: in prefill; d: decoding; f: finished (cached); x: aborted; t: retracted."""
-    engine = Engine(EngineConfig(page_size=P, window=W, size_full=256, size_swa=128, max_requests=8,
+    engine = TwoPoolEngine(EngineConfig(page_size=P, window=W, size_full=256, size_swa=128, max_requests=8,
                                  policy=Policy(version, 4)))
     for rid, prompt in (("p", list(range(30))), ("d", list(range(20)) + [50] * 6), ("f", [7] * 9),
                         ("x", [8] * 5), ("t", [9] * 13)):
@@ -108,7 +108,8 @@ def test_pd_admit_of_an_empty_prompt_is_refused():
 
 def test_decode_past_the_full_pool_is_refused():
     """A request that would outgrow the whole full pool cannot decode: finish it."""
-    engine = Engine(EngineConfig(page_size=P, window=W, size_full=16, size_swa=16, policy=Policy(SGLANG_0_5_23, 4)))
+    engine = TwoPoolEngine(EngineConfig(page_size=P, window=W, size_full=16, size_swa=16,
+                                        policy=Policy(SGLANG_0_5_23, 4)))
     engine.admit("r", list(range(14)))
     engine.prefill_chunk("r", 14)
     assert engine.decode("r") is None  # seq 15 -> 16
@@ -151,12 +152,12 @@ BAD_CONFIGS = {
 def test_invalid_configurations_are_refused(name):
     changes, words = BAD_CONFIGS[name]
     with pytest.raises(InvalidConfig, match=words):
-        Engine(engine_config(**changes))
+        TwoPoolEngine(engine_config(**changes))
 
 
 def test_every_problem_of_a_configuration_is_named():
     with pytest.raises(InvalidConfig) as refused:
-        Engine(engine_config(window=0, policy=Policy("nope", 0)))
+        TwoPoolEngine(engine_config(window=0, policy=Policy("nope", 0)))
     message = str(refused.value)
     for words in ("sliding window must be >= 1", "unknown policy version", "decode_eviction_interval must be >= 1"):
         assert words in message
@@ -167,7 +168,7 @@ def test_every_problem_of_a_configuration_is_named():
 def test_prefill_out_of_memory_with_nothing_to_evict_changes_nothing():
     """[LIFE-7, I15, MODEL-3] 12 tokens need 3 pages; the SWA pool has 2 and the cache is
     empty: OutOfMemory is returned, not raised, and nothing changes."""
-    engine = Engine(engine_config(size_full=16, size_swa=8))
+    engine = TwoPoolEngine(engine_config(size_full=16, size_swa=8))
     engine.admit("r", list(range(12)))
     before = engine.snapshot()
     outcome = engine.prefill_chunk("r", 12)
@@ -180,7 +181,7 @@ def test_prefill_out_of_memory_with_nothing_to_evict_changes_nothing():
 def test_prefill_out_of_memory_even_after_eviction_leaves_the_request():
     """[LIFE-7, I15] A cached 8-token prefix (2 pages per pool) is evicted to make room,
     yet 20 tokens need 5 SWA pages of 4: OutOfMemory, the request as it was."""
-    engine = Engine(engine_config(size_full=32, size_swa=16))
+    engine = TwoPoolEngine(engine_config(size_full=32, size_swa=16))
     engine.admit("a", [5] * 8)
     engine.prefill_chunk("a", 8)
     engine.finish("a")
@@ -199,7 +200,7 @@ def test_locked_window_is_not_evicted_for_another_request():
     tokens [4, 12). b's 12-token chunk needs 3 pages per pool; the SWA pool has 1 free
     and only a's [0, 4), outside a's window, may be tombstoned for it: OutOfMemory, b as
     it was, a's window untouched."""
-    engine = Engine(engine_config(size_full=32, size_swa=16))
+    engine = TwoPoolEngine(engine_config(size_full=32, size_swa=16))
     engine.admit("a", list(range(12)))
     engine.prefill_chunk("a", 12)
     engine.admit("b", list(range(50, 70)))
@@ -214,7 +215,7 @@ def test_locked_window_is_not_evicted_for_another_request():
 
 def test_decode_out_of_memory_leaves_the_request():
     """[ALLOC-4, I15] A decode step that needs a new page when none is free."""
-    engine = Engine(engine_config(size_full=16, size_swa=16, policy=Policy(NO_PREFIX_SHARING, 4)))
+    engine = TwoPoolEngine(engine_config(size_full=16, size_swa=16, policy=Policy(NO_PREFIX_SHARING, 4)))
     engine.admit("a", list(range(8)))
     engine.prefill_chunk("a", 8)
     engine.admit("b", list(range(7)))
@@ -229,7 +230,7 @@ def test_decode_out_of_memory_leaves_the_request():
 
 def test_pd_admit_out_of_memory_leaves_no_request_and_no_lock():
     """[LIFE-6, I15] A failed pre-allocation undoes the admission: no row, no lock."""
-    engine = Engine(engine_config(size_full=32, size_swa=12))
+    engine = TwoPoolEngine(engine_config(size_full=32, size_swa=12))
     engine.admit("a", list(range(9)))
     engine.prefill_chunk("a", 9)
     engine.finish("a")  # cached [0, 8): 2 pages per pool, 1 SWA page free
@@ -245,7 +246,7 @@ def test_pd_admit_out_of_memory_leaves_no_request_and_no_lock():
 
 def test_admission_without_a_free_row_is_out_of_memory():
     """[LIFE-3] Admission takes a row, or returns OutOfMemory for the request pool and changes nothing."""
-    engine = Engine(engine_config(max_requests=1))
+    engine = TwoPoolEngine(engine_config(max_requests=1))
     assert engine.admit("a", [1, 2, 3]) is None
     before = engine.snapshot()
     assert engine.admit("b", [1, 2, 3]) == OutOfMemory("requests", 1, 0)

@@ -22,7 +22,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters.reference import ReferenceEngineAdapter
 from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.profiles import profile
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.outcomes import Outcome
 from kvspec.spec.pages import floor_page
 from kvspec.spec.snapshot import EngineConfig, Step
@@ -106,7 +106,7 @@ def test_a_retention_without_the_page_margin_keeps_the_insert_boundary_where_the
 
 def replay(config: EngineConfig, calls: list[tuple]) -> None:
     """Run the calls, checking every invariant after each."""
-    engine = Engine(config)
+    engine = TwoPoolEngine(config)
     previous = engine.check_invariants()
     for operation, rid, *arguments in calls:
         outcome = getattr(engine, operation)(rid, *arguments)

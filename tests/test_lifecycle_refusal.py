@@ -6,7 +6,7 @@ their own adapter tests, which drive the same machine)."""
 
 import pytest
 
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
@@ -73,7 +73,7 @@ def test_a_decode_that_would_outgrow_the_pool_is_refused():
 def test_the_reference_refuses_with_the_specs_words():
     """The reference engine raises InvalidRequest with the message `refusal` gives, and
     changes nothing."""
-    engine = Engine(EngineConfig(page_size=4, window=8, size_full=64, size_swa=32))
+    engine = TwoPoolEngine(EngineConfig(page_size=4, window=8, size_full=64, size_swa=32))
     engine.admit("r", [1, 2, 3, 4, 5])
     before = engine.snapshot()
     with pytest.raises(InvalidRequest) as raised:
@@ -85,7 +85,7 @@ def test_the_reference_refuses_with_the_specs_words():
 
 def test_the_reference_refuses_a_batch_whole():
     """[LIFE-9] A batch with one chunk the lifecycle forbids is refused before any chunk runs."""
-    engine = Engine(EngineConfig(page_size=4, window=8, size_full=64, size_swa=32))
+    engine = TwoPoolEngine(EngineConfig(page_size=4, window=8, size_full=64, size_swa=32))
     engine.admit("a", [1, 2, 3, 4, 5])
     engine.admit("b", [1, 2, 3])
     engine.prefill_chunk("b", 8, 0)  # b has finished its prefill

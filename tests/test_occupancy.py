@@ -1,7 +1,8 @@
-"""Pictures of a run (conformance/review/occupancy.py): the occupancy of known snapshots, the
-timeline of the README's example on the reference and on mutant-no-chunk-release,
-`--plot` on `kvspec check` and `kvspec replay`, and the picture of one shared block pool
-(spec chapter 08): a hand-made view, and, with vLLM installed, real vLLM runs."""
+"""Pictures of a run (conformance/review/occupancy.py and occupancy_plot.py): the occupancy
+of known snapshots, the timeline of the README's example on the reference and on
+mutant-no-chunk-release, `--plot` on `kvspec check` and `kvspec replay`, and the picture
+of one shared block pool (spec chapter 08): a hand-made view, and, with vLLM installed,
+real vLLM runs."""
 
 import importlib.util
 import os
@@ -33,7 +34,6 @@ from kvspec.conformance.review.occupancy import (
     PRIVATE,
     PROTECTED,
     STATE_UNACCOUNTED,
-    SWA_BLOCKS,
     SWA_TABLES,
     UNACCOUNTED,
     WORKING,
@@ -41,14 +41,12 @@ from kvspec.conformance.review.occupancy import (
     Timeline,
     allocator_occupancy,
     block_pool_occupancy,
-    draw,
     engine_occupancy,
-    plot_pool,
-    pyplot,
     timeline,
     window_bound,
     window_span,
 )
+from kvspec.conformance.review.occupancy_plot import SWA_BLOCKS, draw, panels, plot_pool, pyplot
 from kvspec.spec.block_pool import (
     FULL,
     NULL_BLOCK,
@@ -403,7 +401,7 @@ def test_a_leak_in_a_block_pool_is_drawn_unaccounted_and_marked(tmp_path):
     unaccounted band, the step its clause; the second panel has the window lines."""
     clean, leaking = block_pool_occupancy(pool_view()), block_pool_occupancy(leaked(pool_view()))
     run = Timeline("a leak", {"blocks": 11}, (Point(0, "decode", clean), Point(1, "finish", leaking, ("BLOCK-2",))))
-    assert run.panels == ("blocks", SWA_BLOCKS)
+    assert panels(run) == ("blocks", SWA_BLOCKS)
     plt = pyplot()
     figure, (top, bottom) = plt.subplots(2, 1)
     plot_pool(top, run, "blocks")
@@ -433,7 +431,7 @@ def test_a_block_pool_engine_broken_before_its_first_step_gets_the_block_pool_pa
     trace = load(EXAMPLE)
     broken = timeline(trace, validate(BLOCK_POOL_SNAPSHOT_RAISES, "block-pool-snapshot-raises"))
     assert broken.points == () and (broken.stop.step, broken.stop.kind) == (0, "crashed")
-    assert broken.panels == ("blocks", SWA_BLOCKS)
+    assert panels(broken) == ("blocks", SWA_BLOCKS)
     assert broken.pool_pages == {"blocks": (trace.config["size_full"] + trace.config["size_swa"]) // 4}
     assert is_png(draw(broken, tmp_path / "broken.png"))
 
@@ -482,7 +480,7 @@ def test_a_conformant_vllm_replay_keeps_its_swa_blocks_within_the_bound_and_draw
     trace, vllm = shared_prefix_trace(), load_adapter("vllm")
     assert replay(trace, vllm, compare=False).conforms
     run = timeline(trace, vllm)
-    assert run.pool_pages == {"blocks": 24} and run.panels == ("blocks", SWA_BLOCKS) and run.stop is None
+    assert run.pool_pages == {"blocks": 24} and panels(run) == ("blocks", SWA_BLOCKS) and run.stop is None
     assert len(run.points) == len(trace.steps) and not any(point.violated for point in run.points)
     assert_within_the_pool_and_the_bound(run)
     assert any(point.occupancy.window_span == point.occupancy.window_bound > 0 for point in run.points)
@@ -562,7 +560,7 @@ STATE_TRACE = Trace("engine", engine_config_json(EngineConfig(2, 5, 64, 32, 2, s
 
 def test_a_state_pool_gets_a_panel_of_working_states_checkpoints_and_free_slots(tmp_path):
     run = timeline(STATE_TRACE, load_adapter("reference"))
-    assert run.panels == ("full", "swa", "state") and run.pool_pages["state"] == 5
+    assert panels(run) == ("full", "swa", "state") and run.pool_pages["state"] == 5
     slots = [point.occupancy.pools["state"] for point in run.points]
     assert all(sum(counts.values()) == 5 and counts[STATE_UNACCOUNTED] == 0 for counts in slots)
     # after the first chunk: a's working state and its locked checkpoint at 4

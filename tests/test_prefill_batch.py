@@ -19,7 +19,7 @@ from kvspec.adapters.mutants.seeding import engine_with_allocator
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.replay import unmet_requirements
 from kvspec.conformance.harness.trace import TraceError, load, parse
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.invariants import engine_violations
 from kvspec.spec.invariants.atomicity import atomicity_violations
 from kvspec.spec.invariants.window import insert_boundary_violations
@@ -50,7 +50,7 @@ def shared_prefix_batch(engine_class):
 
 
 def test_a_batch_whose_second_checkpoint_revives_the_firsts_tombstone_conforms():
-    before, after = shared_prefix_batch(Engine)
+    before, after = shared_prefix_batch(TwoPoolEngine)
     step = Step("prefill_batch", None, Outcome.OK, batch=("a", "b"))
     assert engine_violations(before, step, after) == []
     lengths = {r.rid: (r.cache_protected_len, r.swa_evicted_seqlen) for r in after.requests}
@@ -71,7 +71,7 @@ def test_a_batch_of_unrelated_prompts_ends_as_its_chunks_one_by_one():
     spec fixes: free pages and request lengths are those of the same chunks one by one."""
     prompts = {"a": [1, 2] * 9, "b": [0] * 13, "c": [2, 1, 1] * 4}
     chunks = batch(("a", 18), ("b", 8), ("c", 30))
-    one_by_one, batched = Engine(config()), Engine(config())
+    one_by_one, batched = TwoPoolEngine(config()), TwoPoolEngine(config())
     for engine in (one_by_one, batched):
         for rid, prompt in prompts.items():
             engine.admit(rid, prompt)
@@ -83,7 +83,7 @@ def test_a_batch_of_unrelated_prompts_ends_as_its_chunks_one_by_one():
 
 def test_a_batch_the_pools_cannot_hold_changes_no_request():
     """[LIFE-9, I15] All or none: each chunk fits alone, the two together do not."""
-    engine = Engine(config(size_full=96, size_swa=24))
+    engine = TwoPoolEngine(config(size_full=96, size_swa=24))
     engine.admit("a", [1] * 16)
     engine.admit("b", [2] * 16)
     before = engine.snapshot()
@@ -94,7 +94,7 @@ def test_a_batch_the_pools_cannot_hold_changes_no_request():
 
 def test_i15_reads_every_request_of_a_failed_batch():
     """[I15] Seeded: a 'failed' batch after which its second request had changed."""
-    engine = Engine(config())
+    engine = TwoPoolEngine(config())
     engine.admit("a", [1] * 9)
     engine.admit("b", [2] * 9)
     before = engine.snapshot()
@@ -109,7 +109,7 @@ def test_i15_reads_every_request_of_a_failed_batch():
 def test_i10_reads_every_checkpoint_of_a_batch():
     """[I10] drop-margin leaves a short leaf where 1 <= W % P <= P - 2 (WIN-2): at P = 4,
     W = 5 a 10-token prompt's checkpoint does; the batch's second request is the one."""
-    engine = Engine(config(window=5, version="drop-margin"))
+    engine = TwoPoolEngine(config(window=5, version="drop-margin"))
     engine.admit("a", [1] * 3)
     engine.admit("b", [2] * 10)
     before = engine.snapshot()

@@ -18,15 +18,15 @@ from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter, validate
 from kvspec.conformance.runs.plan import plan
 from kvspec.reference.block_pool_engine import BlockPoolEngine
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.block_pool import (
     NULL_BLOCK,
     PREFIX_CACHE_RETENTION,
     SWA,
     BlockPoolSnapshot,
+    block_prefix_hit_violations,
     eviction_order_violations,
     prefix_hit_blocks,
-    prefix_hit_violations,
     release_order,
     swa_block_bound,
     swa_block_cached,
@@ -235,7 +235,7 @@ def test_invalid_configurations_are_clear_errors():
     with pytest.raises(InvalidConfig, match="multiple of the page size"):
         engine(size_full=30)
     with pytest.raises(InvalidConfig, match="shared block pool, checked by chapter 08"):
-        Engine(EngineConfig(4, 7, 64, 64, 4, Policy(VLLM_0_33)))
+        TwoPoolEngine(EngineConfig(4, 7, 64, 64, 4, Policy(VLLM_0_33)))
 
 
 # -- BLOCK-9 and BLOCK-10 on the reference's steps and on seeded bugs --------------------------
@@ -287,12 +287,12 @@ def test_a_whole_full_block_left_uncached():
 def test_a_hit_as_long_as_the_request_or_on_an_uncached_block():
     """[BLOCK-9] The hit must leave the last token to compute, and adopt cached blocks only."""
     previous, step, now = step_of(recorded(), "admit", "B")
-    assert prefix_hit_violations(previous, step, now) == []
+    assert block_prefix_hit_violations(previous, step, now) == []
     whole = replace(now, requests=tuple(replace(r, seq_len=r.kv_committed_len) if r.rid == "B" else r
                                         for r in now.requests))
-    assert [v.clause for v in prefix_hit_violations(previous, step, whole)] == ["BLOCK-9"]
+    assert [v.clause for v in block_prefix_hit_violations(previous, step, whole)] == ["BLOCK-9"]
     adopted = next(r for r in now.block_pool.requests if r.rid == "B").tables[0][0]
-    assert "not cached" in prefix_hit_violations(previous, step, with_key(now, adopted, None))[0].message
+    assert "not cached" in block_prefix_hit_violations(previous, step, with_key(now, adopted, None))[0].message
 
 
 def test_free_blocks_reordered():
@@ -388,7 +388,7 @@ def test_a_differential_against_the_reference_makes_the_runs_both_can():
                                              "unknown capabilities \\['warp_drive'\\]")])
 def test_bad_version_capabilities_are_a_clear_adapter_error(declared, says):
     adapter = type("A", (), {"name": "a", "policy_version": "sglang-0.5.23", "capabilities": ("page_size_1",),
-                             "make_engine": Engine, **declared})
+                             "make_engine": TwoPoolEngine, **declared})
     with pytest.raises(AdapterError, match=says):
         validate(adapter, "x")
 

@@ -10,7 +10,7 @@ from kvspec.adapters.mutants import MUTANTS
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay, with_expectations
 from kvspec.conformance.runs.vectors import state_walkthrough
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.invariants import engine_violations
 from kvspec.spec.models import TWO_POOL, TWO_POOL_STATE, model_for
 from kvspec.spec.outcomes import InvalidConfig
@@ -22,7 +22,6 @@ from kvspec.spec.state import (
     checkpoint_violations,
     locked_checkpoint_violations,
     min_state_slots,
-    prefix_hit_violations,
     released_state_violations,
     state_conservation_violations,
     state_digest,
@@ -30,6 +29,7 @@ from kvspec.spec.state import (
     state_in_use_violations,
     state_lock_violations,
     state_ownership_violations,
+    state_prefix_hit_violations,
     working_slot_violations,
     working_state_violations,
 )
@@ -38,19 +38,19 @@ from kvspec.spec.window import Policy
 PROMPT = [1, 2, 0, 1, 2, 2, 0, 1, 1, 0]
 
 
-def engine(page_size=2, grid=4, window=5, max_requests=4, state_slots=None) -> Engine:
-    return Engine(EngineConfig(page_size, window, 64, 32, max_requests,
+def engine(page_size=2, grid=4, window=5, max_requests=4, state_slots=None) -> TwoPoolEngine:
+    return TwoPoolEngine(EngineConfig(page_size, window, 64, 32, max_requests,
                                state_slots=state_slots or min_state_slots(max_requests), state_grid=grid))
 
 
-def checked(engine: Engine, previous=None, step=None) -> HybridStateSnapshot:
+def checked(engine: TwoPoolEngine, previous=None, step=None) -> HybridStateSnapshot:
     now = engine.snapshot()
     assert isinstance(now, HybridStateSnapshot)
     assert engine_violations(previous, step, now) == []
     return now
 
 
-def prefill(engine: Engine, rid: str, prompt, chunks) -> HybridStateSnapshot:
+def prefill(engine: TwoPoolEngine, rid: str, prompt, chunks) -> HybridStateSnapshot:
     previous = checked(engine)
     assert engine.admit(rid, prompt) is None
     previous = checked(engine, previous, Step("admit", rid))
@@ -153,7 +153,7 @@ def test_a_state_pool_below_its_minimum_is_refused():
 # -- each check fails on one seeded fault -------------------------------------------------
 
 @pytest.fixture
-def running() -> tuple[Engine, HybridStateSnapshot]:
+def running() -> tuple[TwoPoolEngine, HybridStateSnapshot]:
     e = engine()
     prefill(e, "a", PROMPT, [4, 4])
     return e, checked(e)
@@ -208,9 +208,9 @@ def test_state_5_a_hit_with_no_checkpoint_at_its_end():
     previous = checked(e)
     e.admit("b", PROMPT[:8] + [0, 0])
     now = e.snapshot()
-    assert prefix_hit_violations(previous, Step("admit", "b"), now) == []
+    assert state_prefix_hit_violations(previous, Step("admit", "b"), now) == []
     uncheckpointed = with_state(now, checkpoints=())
-    assert [v.clause for v in prefix_hit_violations(previous, Step("admit", "b"), uncheckpointed)] == ["STATE-5"]
+    assert [v.clause for v in state_prefix_hit_violations(previous, Step("admit", "b"), uncheckpointed)] == ["STATE-5"]
 
 
 def test_state_6_a_lock_on_a_node_no_request_ends_at_and_a_wrong_ledger(running):
@@ -244,7 +244,7 @@ def test_state_8_in_a_batch_a_lock_moved_by_an_earlier_checkpoint_protects_nothi
     evicts that node's checkpoint. Legal; STATE-8 reading only the locks before the step
     called it a violation (the reference and both SGLang cores do the same). A checkpoint
     locked by a request that kept its lock still may not go."""
-    e = Engine(EngineConfig(1, 3, 21, 16, 3, Policy(decode_eviction_interval=4), state_slots=7, state_grid=1))
+    e = TwoPoolEngine(EngineConfig(1, 3, 21, 16, 3, Policy(decode_eviction_interval=4), state_slots=7, state_grid=1))
     previous = checked(e)
     for step, call in [(Step("admit", "r1"), lambda: e.admit("r1", [0])),
                        (Step("prefill_chunk", "r1"), lambda: e.prefill_chunk("r1", 1)),

@@ -23,7 +23,7 @@ if os.environ.get("KVSPEC_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vl
 from kvspec.adapters.vllm import runtime
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.block_pool import NULL_BLOCK, SWA, PartialBlocks, swa_block_bound
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
@@ -133,7 +133,7 @@ def test_an_engine_configuration_vllm_cannot_take_is_a_clear_error():
     with pytest.raises(AdapterError, match="multiple of the page size"):
         make(EngineConfig(4, 6, 62, 32, 4, Policy(VLLM_0_33)))
     with pytest.raises(InvalidConfig, match="two-pool model"):  # and the reference is not vLLM's either
-        Engine(EngineConfig(4, 6, 64, 32, 4, Policy(VLLM_0_33)))
+        TwoPoolEngine(EngineConfig(4, 6, 64, 32, 4, Policy(VLLM_0_33)))
 
 
 def test_a_missing_vllm_says_how_to_install_it(monkeypatch):

@@ -15,7 +15,7 @@ engine step by step, with every invariant checked after every step:
 
 import pytest
 
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.pages import ceil_page, floor_page
 from kvspec.spec.snapshot import EngineConfig, NodeView, RequestView, Step, TwoPoolSnapshot
@@ -46,7 +46,7 @@ class Walk:
     """An engine whose every operation is followed by `check_invariants(previous, step)`."""
 
     def __init__(self, engine_config: EngineConfig):
-        self.engine = Engine(engine_config)
+        self.engine = TwoPoolEngine(engine_config)
         self.snapshot = self.engine.check_invariants()
 
     def __call__(self, operation: str, rid: str | None, *args):

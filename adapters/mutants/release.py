@@ -1,7 +1,7 @@
 """Request release bugs (LIFE-5): what a finished, aborted or retracted request gives back."""
 
 from kvspec.conformance.harness.declarations import CRASH, Run
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.lifecycle import release_segments
 
 from .seeding import Mutant, with_names
@@ -13,8 +13,8 @@ def release_segments_up_to_owned(cache_protected_len: int, swa_evicted_seqlen: i
     return release_segments(cache_protected_len, swa_evicted_seqlen, owned, owned, page_size)
 
 
-class LeakOnReleaseEngine(Engine):
-    release = with_names(Engine.release, release_segments=release_segments_up_to_owned)
+class LeakOnReleaseEngine(TwoPoolEngine):
+    release = with_names(TwoPoolEngine.release, release_segments=release_segments_up_to_owned)
 
 
 class LEAK_ON_RELEASE(Mutant, slug="leak-on-release", engine=LeakOnReleaseEngine):
@@ -36,8 +36,8 @@ def release_segments_live_from_protected(cache_protected_len: int, swa_evicted_s
     return release_segments(cache_protected_len, cache_protected_len, owned, kv_allocated_len, page_size)
 
 
-class DeadRangeAsFullEngine(Engine):
-    release = with_names(Engine.release, release_segments=release_segments_live_from_protected)
+class DeadRangeAsFullEngine(TwoPoolEngine):
+    release = with_names(TwoPoolEngine.release, release_segments=release_segments_live_from_protected)
 
 
 class RELEASE_DEAD_RANGE_AS_FULL(Mutant, slug="release-dead-range-as-full", engine=DeadRangeAsFullEngine):

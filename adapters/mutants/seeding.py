@@ -16,7 +16,7 @@ from kvspec.adapters.reference import (
 from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.harness.families import MalformedDeclaration, check_declaration
 from kvspec.reference.components import SWAComponent, free_swa_out_of_window_slots
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.reference.hybrid import HybridAllocator
 from kvspec.spec.window import TWO_POOL_VERSIONS
 
@@ -36,18 +36,18 @@ def with_names(function: FunctionType, **names) -> FunctionType:
     return copy
 
 
-def engine_with_decode_frontier(frontier) -> type[Engine]:
+def engine_with_decode_frontier(frontier) -> type[TwoPoolEngine]:
     """The reference engine with the decode step's window eviction (only) decided by
     `frontier` in place of kvspec.spec.window.eviction_frontier."""
 
-    class SeededEngine(Engine):
-        decode = with_names(Engine.decode, free_swa_out_of_window_slots=with_names(
+    class SeededEngine(TwoPoolEngine):
+        decode = with_names(TwoPoolEngine.decode, free_swa_out_of_window_slots=with_names(
             free_swa_out_of_window_slots, eviction_frontier=frontier))
 
     return SeededEngine
 
 
-def engine_with_frontier(frontier) -> type[Engine]:
+def engine_with_frontier(frontier) -> type[TwoPoolEngine]:
     """The reference engine with every window eviction (at a decode step, at a prefill
     checkpoint, before an extend without a prefix cache) decided by `frontier` in place
     of kvspec.spec.window.eviction_frontier."""
@@ -58,16 +58,16 @@ def engine_with_frontier(frontier) -> type[Engine]:
                                               free_swa_out_of_window_slots=evict)
 
     class SeededEngine(engine_with_swa_component(SeededSWAComponent)):
-        decode = with_names(Engine.decode, free_swa_out_of_window_slots=evict)
-        prefill = with_names(Engine.prefill, free_swa_out_of_window_slots=evict)
+        decode = with_names(TwoPoolEngine.decode, free_swa_out_of_window_slots=evict)
+        prefill = with_names(TwoPoolEngine.prefill, free_swa_out_of_window_slots=evict)
 
     return SeededEngine
 
 
-def engine_with_swa_component(component_class: type[SWAComponent]) -> type[Engine]:
+def engine_with_swa_component(component_class: type[SWAComponent]) -> type[TwoPoolEngine]:
     """The reference engine whose prefix tree keeps its SWA KV with a seeded component."""
 
-    class SeededEngine(Engine):
+    class SeededEngine(TwoPoolEngine):
         def __init__(self, config, device="cpu"):
             super().__init__(config, device)
             if self.tree is not None:  # the tree builds its own components; it is still empty here
@@ -77,11 +77,11 @@ def engine_with_swa_component(component_class: type[SWAComponent]) -> type[Engin
     return SeededEngine
 
 
-def engine_with_allocator(allocator_class: type[HybridAllocator]) -> type[Engine]:
+def engine_with_allocator(allocator_class: type[HybridAllocator]) -> type[TwoPoolEngine]:
     """The reference engine on a seeded hybrid allocator."""
 
-    class SeededEngine(Engine):
-        __init__ = with_names(Engine.__init__, HybridAllocator=allocator_class)
+    class SeededEngine(TwoPoolEngine):
+        __init__ = with_names(TwoPoolEngine.__init__, HybridAllocator=allocator_class)
 
     return SeededEngine
 
@@ -115,7 +115,7 @@ class Mutant:
     of a crash that is the same bug's other manifestation (where a pool is short, say, the
     step fails before any invariant looks), which also counts as caught; empty if none."""
 
-    def __init_subclass__(cls, slug: str, engine: type[Engine] | None = None,
+    def __init_subclass__(cls, slug: str, engine: type[TwoPoolEngine] | None = None,
                           allocator: type[HybridAllocator] | None = None, scheduler: type | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
         if not (engine or allocator or scheduler):
@@ -143,7 +143,7 @@ def allocator_adapter(allocator_class: type[HybridAllocator], name: str) -> type
     return SeededAllocatorAdapter
 
 
-def engine_adapter(engine_class: type[Engine], name: str) -> type[ReferenceEngineAdapter]:
+def engine_adapter(engine_class: type[TwoPoolEngine], name: str) -> type[ReferenceEngineAdapter]:
     """The reference engine adapter, building `engine_class`."""
 
     class SeededEngineAdapter(ReferenceEngineAdapter):

@@ -2,7 +2,7 @@
 locks and the release of a request's state, one seeded bug per clause."""
 
 from kvspec.conformance.harness.declarations import Run
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.reference.state import StateComponent
 
 from .seeding import Mutant, with_names
@@ -11,10 +11,10 @@ GRID_1 = Run(page_size=1, window=3, interval=4, state_grid=1)
 GRID_4 = Run(page_size=2, window=5, interval=1, state_grid=4)
 
 
-def engine_with_state_component(component_class: type[StateComponent]) -> type[Engine]:
+def engine_with_state_component(component_class: type[StateComponent]) -> type[TwoPoolEngine]:
     """The reference engine whose prefix tree keeps its checkpoints with a seeded component."""
 
-    class SeededEngine(Engine):
+    class SeededEngine(TwoPoolEngine):
         def __init__(self, config, device="cpu"):
             super().__init__(config, device)
             if self.tree is not None and self.tree.state is not None:  # still empty here
@@ -24,7 +24,7 @@ def engine_with_state_component(component_class: type[StateComponent]) -> type[E
     return SeededEngine
 
 
-class LeakOnFailedAdmissionEngine(Engine):
+class LeakOnFailedAdmissionEngine(TwoPoolEngine):
     def undo_admission(self, request):
         request.state_slot = None  # BUG: the slot taken for the admission is forgotten, not freed
         super().undo_admission(request)
@@ -42,7 +42,7 @@ class LEAK_STATE_ON_FAILED_ADMISSION(Mutant, slug="leak-state-on-failed-admissio
                "after its mamba slot was allocated")
 
 
-class SharedStateOnHitEngine(Engine):
+class SharedStateOnHitEngine(TwoPoolEngine):
     def match(self, request, max_prefix_len):
         super().match(request, max_prefix_len)
         node = request.last_node
@@ -62,9 +62,9 @@ class SHARED_STATE_ON_HIT(Mutant, slug="shared-state-on-hit", engine=SharedState
     reverts = "copy-on-write at a match (SGLang 0.5.23 MambaComponent.finalize_match_result_in_cache)"
 
 
-class CheckpointOffGridEngine(Engine):
+class CheckpointOffGridEngine(TwoPoolEngine):
     # BUG: every computed prefix counts as a checkpoint boundary, whatever the grid
-    checkpoint_state = with_names(Engine.checkpoint_state,
+    checkpoint_state = with_names(TwoPoolEngine.checkpoint_state,
                                   is_checkpoint_boundary=lambda position, grid: position > 0)
 
 
@@ -77,7 +77,7 @@ class CHECKPOINT_OFF_GRID(Mutant, slug="checkpoint-off-grid", engine=CheckpointO
     exposed_by = GRID_4
 
 
-class NoCopyOnHitEngine(Engine):
+class NoCopyOnHitEngine(TwoPoolEngine):
     def match(self, request, max_prefix_len):
         super().match(request, max_prefix_len)
         if request.state_slot is not None:
@@ -164,7 +164,7 @@ class EVICT_LOCKED_CHECKPOINT(Mutant, slug="evict-locked-checkpoint",
     exposed_by = GRID_1
 
 
-class RetractKeepsStateEngine(Engine):
+class RetractKeepsStateEngine(TwoPoolEngine):
     def retract(self, rid):
         self.requests[rid].state_slot = None  # BUG: the working slot is dropped without a free
         super().retract(rid)

@@ -4,7 +4,7 @@ admission checkpointed over a tail too short for it."""
 
 from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.components import SWAComponent
-from kvspec.reference.engine import Engine
+from kvspec.reference.engine import TwoPoolEngine
 from kvspec.spec.pages import ceil_page
 from kvspec.spec.window import decode_eviction_due, eviction_frontier, retention
 
@@ -152,8 +152,8 @@ def eviction_due_from_allocated_len(seq_len: int, cursor: int, window: int, inte
     return decode_eviction_due(seq_len, seq_len - 1, window, interval)
 
 
-class NeverEvictingDecodeEngine(Engine):
-    decode = with_names(Engine.decode, decode_eviction_due=eviction_due_from_allocated_len)
+class NeverEvictingDecodeEngine(TwoPoolEngine):
+    decode = with_names(TwoPoolEngine.decode, decode_eviction_due=eviction_due_from_allocated_len)
 
 
 class DECODE_EVICTION_NEVER(Mutant, slug="decode-eviction-never", engine=NeverEvictingDecodeEngine):
@@ -167,7 +167,7 @@ class DECODE_EVICTION_NEVER(Mutant, slug="decode-eviction-never", engine=NeverEv
     exposed_by = Run(page_size=4, window=8, interval=1)
 
 
-class PdCursorUnsetEngine(Engine):
+class PdCursorUnsetEngine(TwoPoolEngine):
     def pd_admit(self, rid, prompt, first_output):
         outcome = super().pd_admit(rid, prompt, first_output)
         if outcome is None:
@@ -189,7 +189,7 @@ class PD_CURSOR_UNSET(Mutant, slug="pd-cursor-unset", engine=PdCursorUnsetEngine
                "alloc_extend_swa_tail (disaggregation/decode.py:2435-2511)")
 
 
-class PdCheckpointShortEngine(Engine):
+class PdCheckpointShortEngine(TwoPoolEngine):
     def pd_admit(self, rid, prompt, first_output):
         outcome = super().pd_admit(rid, prompt, first_output)
         if outcome is None and self.tree is not None and self.page_size > 1:

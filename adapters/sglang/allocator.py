@@ -14,11 +14,12 @@ harness then checks that the refused call changed nothing.
 import inspect
 from collections.abc import Sequence
 
-from kvspec.spec.accounting import AllocatorState, PartialMapping, PoolState
+from kvspec.spec.accounting import AllocatorState
 from kvspec.spec.outcomes import InvalidAllocation, InvalidFree, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 
 from .runtime import sglang
+from .view import allocator_state
 
 
 def build_allocator(size_full: int, size_swa: int, page_size: int):
@@ -32,54 +33,6 @@ def build_allocator(size_full: int, size_swa: int, page_size: int):
                           device="cpu", **extra)
     return s.SWATokenToKVPoolAllocator(size=size_full, size_swa=size_swa, page_size=page_size,
                                        dtype=s.torch.bfloat16, device="cpu", kvcache=kvcache, need_sort=False)
-
-
-def pool_state(name: str, pool, pending: list, partial: bool = False) -> PoolState:
-    """One pool; `partial` [OBS-4]: the length of its free list (free and released
-    pages, as `get_all_free_pages` joins them) without reading the list."""
-    if partial:
-        released = 0 if pool.release_pages is None else len(pool.release_pages)
-        count = 0 if pool.free_pages is None else len(pool.free_pages) + released
-        return PoolState(name, pool.page_size, pool.size // pool.page_size, None, tuple(pending), count)
-    free = pool.get_all_free_pages()
-    return PoolState(name, pool.page_size, pool.size // pool.page_size,
-                     tuple(free.tolist()) if free is not None else (), tuple(pending))
-
-
-def pending_pages(allocator) -> tuple[list[int], list[int]]:
-    """What an open free group will release, per pool, one entry per page per call: a
-    set-shaped `free` releases each page it touches once, and the group's final merge
-    would hide a page queued by two calls (the spec counts it twice, I16)."""
-    P = allocator.page_size
-    full, swa = [], []
-    full_pool = allocator.full_attn_allocator
-    for slots in full_pool.free_group or []:
-        full += sorted(set((slots // P).tolist())) if P > 1 else slots.tolist()
-    for pages in getattr(full_pool, "free_page_ids_group", None) or []:
-        full += pages.tolist()
-    for pages in getattr(allocator, "swa_page_ids_group", None) or []:
-        swa += pages.tolist()
-    for slots in getattr(allocator, "swa_free_group", None) or []:
-        live = slots[slots > 0] if P > 1 else slots
-        swa += sorted(set((live // P).tolist())) if P > 1 else live.tolist()
-    return full, swa
-
-
-def allocator_state(allocator, held_full_slots: Sequence[int] | None = None) -> AllocatorState:
-    """The allocator; given the full slots the holders name, a partial state [OBS-4]: free
-    counts, and the mapping at those slots only."""
-    full_pending, swa_pending = pending_pages(allocator) if allocator.free_group is not None else ([], [])
-    partial = held_full_slots is not None
-    mapping = allocator.full_to_swa_index_mapping
-    if partial:
-        slots = sorted(set(held_full_slots))
-        peers = mapping[sglang().torch.tensor(slots, dtype=sglang().torch.int64)].tolist() if slots else []
-        mapping = PartialMapping(len(mapping), dict(zip(slots, peers)))
-    else:
-        mapping = tuple(mapping.tolist())
-    return AllocatorState(allocator.page_size, allocator.size_full,
-                          pool_state("full", allocator.full_attn_allocator, full_pending, partial),
-                          pool_state("swa", allocator.swa_attn_allocator, swa_pending, partial), mapping)
 
 
 class SglangAllocatorAdapter:

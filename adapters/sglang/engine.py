@@ -28,33 +28,20 @@ import io
 import os
 import types
 from array import array
-from typing import NamedTuple
 
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_extend, pages_for
-from kvspec.spec.snapshot import EngineConfig, RequestView, TwoPoolSnapshot, held_full_slots
-from kvspec.spec.state import HybridStateSnapshot
+from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, validate_window_config
 
 from . import pd_decode
-from .allocator import allocator_state, build_allocator
+from .allocator import build_allocator
 from .runtime import publish_server_args, sglang
-from .state import StateModel, build_state_pool, state_problems, state_view
-from .tree_view import tree_view
+from .state import StateModel, build_state_pool, state_problems
+from .view import SglangCacheView
 
 MAX_NEW_TOKENS = 1 << 30
-
-
-class KvFields(NamedTuple):
-    """A request's KV bookkeeping (SGLang keeps it on the `Req`, in `req.kv`, or both)."""
-
-    holds_kv: bool
-    row: int | None
-    protected: int
-    cursor: int
-    allocated: int
-    committed: int
 
 
 @contextlib.contextmanager
@@ -65,10 +52,10 @@ def quiet():
         yield
 
 
-class SglangEngine:
-    """SGLang 0.5.22 and 0.5.23. The `sglang@` adapters of older releases subclass it
-    (adapters/sglang/releases/): each overrides the few methods below whose SGLang API
-    its releases spell differently (marked "seam")."""
+class SglangEngine(SglangCacheView):
+    """SGLang 0.5.22 and 0.5.23; what it shows is view.py's. The `sglang@` adapters of older
+    releases subclass it (adapters/sglang/releases/): each overrides the few methods, below
+    and in view.py, whose SGLang API its releases spell differently (marked "seam")."""
 
     ENVIRONMENT = ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN",
                    "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "SGLANG_ENABLE_UNIFIED_RADIX_TREE",
@@ -127,25 +114,12 @@ class SglangEngine:
             tree_components=(s.ComponentType.FULL, s.ComponentType.SWA)
             + ((s.ComponentType.MAMBA,) if self.state else ()), tree_core_backend=self.tree_core))
 
-    def kv(self, req) -> KvFields:
-        """What a request holds, wherever the release keeps it."""
-        kv = req.kv
-        return KvFields(kv.holds_kv, kv.req_pool_idx, kv.cache_protected_len,
-                        kv.get_evicted_seqlen(self.s.ComponentType.SWA), kv.kv_allocated_len, kv.kv_committed_len)
-
     def lock(self, req) -> None:
         req.lock = self.cache.lock(req.last_node)
 
     def unlock(self, req) -> None:
         self.cache.unlock(req.lock)
         req.lock = None
-
-    def lock_node(self, req) -> int | None:
-        return None if req.lock is None else int(req.lock.node)
-
-    def matched_prefix(self, req):
-        """The full slots of an admitted request's matched prefix (before its first extend)."""
-        return self.cache.prefix_device_indices(req)
 
     def start_extend(self, req, chunk_len: int) -> tuple[int, int, int]:
         """Set the request's extend range; (prefix_len, extend_end, fill_len)."""
@@ -166,9 +140,6 @@ class SglangEngine:
     def decode_fits(self, batch, req) -> bool:
         return self.allocator.check_decode_capacity(num_tokens=batch.new_tokens_required_next_decode(),
                                                     tree_cache=self.cache, requests=[req])
-
-    def walk_tree(self):
-        return tree_view(self.cache, self.s.ComponentType)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -473,33 +444,3 @@ class SglangEngine:
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         result = self.cache.evict(self.s.EvictParams(num_tokens=full_tokens, swa_num_tokens=swa_tokens))
         return result.num_tokens_evicted, result.swa_num_tokens_evicted
-
-    # -- observation ------------------------------------------------------------------
-
-    def request_view(self, rid: str, req) -> RequestView:
-        kv = self.kv(req)
-        if kv.holds_kv:
-            row = tuple(self.req_to_token_pool.req_to_token[kv.row, :kv.allocated].tolist())
-            allocated, committed = kv.allocated, kv.committed
-        else:  # admitted, no extend yet: its prefix is the tree's (see the module docstring)
-            row = tuple(self.matched_prefix(req).tolist())
-            allocated = committed = len(row)
-        return RequestView(rid, row, kv.protected, kv.cursor, allocated, committed, req.seqlen,
-                           req.decode_batch_idx, rid in self.finished_prefill, self.lock_node(req))
-
-    def snapshot(self) -> TwoPoolSnapshot:
-        nodes, ledgers = self.walk_tree()
-        requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
-        if self.state:
-            return HybridStateSnapshot(self.config, allocator_state(self.allocator), requests, nodes, ledgers,
-                                       state=state_view(self))
-        return TwoPoolSnapshot(self.config, allocator_state(self.allocator), requests, nodes, ledgers)
-
-    def partial_snapshot(self) -> TwoPoolSnapshot:
-        """[OBS-4] Free counts and the mapping at the held slots only, for large pools."""
-        nodes, ledgers = self.walk_tree()
-        requests = tuple(self.request_view(rid, req) for rid, req in self.requests.items())
-        allocator = allocator_state(self.allocator, held_full_slots(requests, nodes))
-        if self.state:
-            return HybridStateSnapshot(self.config, allocator, requests, nodes, ledgers, state=state_view(self))
-        return TwoPoolSnapshot(self.config, allocator, requests, nodes, ledgers)

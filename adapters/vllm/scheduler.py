@@ -42,9 +42,9 @@ from kvspec.spec.scheduler import PagePool, Plan, Preempted, Preemption, Row, Sc
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 
-from .engine import VllmEngine
 from .runtime import vllm
 from .scheduler_probe import build_scheduler, make_request
+from .view import KVCacheManagerView
 
 
 class PublishedEvents:
@@ -61,11 +61,11 @@ class PublishedEvents:
         pass
 
 
-class SchedulerMemory(VllmEngine):
+class SchedulerMemory(KVCacheManagerView):
     """The scheduler's own KV cache manager, shown as chapter 08's `BlockPoolSnapshot` by
-    the engine adapter's code (engine.py: `watch`, `snapshot`): only its views are used
-    here, never its engine-tier operations. The adapter keeps the per-request facts the
-    rows need (`requests`, `allocation`, `decode_steps`, `finished_prefill`)."""
+    the engine adapter's view (view.py: `watch`, `snapshot`). The adapter keeps the
+    per-request facts the rows need (`requests`, `allocation`, `decode_steps`,
+    `finished_prefill`)."""
 
     def __init__(self, config: SchedulerConfig, manager, published: PublishedEvents):
         self.v = vllm()

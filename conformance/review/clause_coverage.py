@@ -214,7 +214,7 @@ def harness_checks(clauses: dict[str, Clause], definitions: SpecIndex) -> Iterat
 
 
 def helper_checks() -> Iterator[Citation]:
-    from .diff_helpers import spec_helpers
+    from .helper_pairs import spec_helpers
     for helper, function in spec_helpers().items():
         how = {c: f"compares an adapter's own `{helper}` with the spec's" for c in sorted(claims_in(function.__doc__))}
         if how:

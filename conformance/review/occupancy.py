@@ -1,5 +1,5 @@
-"""Pictures of a run: how full the full and SWA pools (or the one shared block pool) are
-after each step, and who holds their pages (blocks).
+"""The occupancy of a run: how full the full and SWA pools (or the one shared block pool)
+are after each step, and who holds their pages (blocks). occupancy_plot.py draws it.
 
 The occupancy of an engine snapshot splits each pool's pages by holder, with the spec's
 own definitions of who holds what (spec.invariants, the I2/I3 conservation):
@@ -17,13 +17,13 @@ own definitions of who holds what (spec.invariants, the I2/I3 conservation):
 At the allocator tier the caller (the driver) holds sequences, so a pool is free, held
 by the caller, or unaccounted.
 
-On the SWA panel two lines measure the window bound of WIN-5, which I9 checks, in pages
-(see `window_span` and `window_bound`): what the running requests keep from where their
-live SWA starts, and the most the spec lets them keep.
+Two measures of the window bound of WIN-5, which I9 checks, go with the SWA pool, in
+pages (see `window_span` and `window_bound`): what the running requests keep from where
+their live SWA starts, and the most the spec lets them keep.
 
 An engine with one shared block pool (spec chapter 08: its snapshots have a
-`block_pool`) has no two pools, tree or mapping; its picture splits the pool's real
-blocks (the null block is not drawn) by holder too, from the BlockPoolView alone:
+`block_pool`) has no two pools, tree or mapping; its occupancy splits the pool's real
+blocks (the null block is not counted) by holder too, from the BlockPoolView alone:
 
   * held by full-attention tables, held by sliding-window tables: a block whose ref
     count is above 0 and which tables of that kind of group hold;
@@ -33,26 +33,24 @@ blocks (the null block is not drawn) by holder too, from the BlockPoolView alone
   * unaccounted: anything else, which breaks BLOCK-1 or BLOCK-2 (a ref count with no
     table behind it, a leak; a block neither free nor counted; tables of both kinds).
 
-Below it, in blocks, the window lines of BLOCK-6: the real blocks of the requests'
+With it, in blocks, the window measures of BLOCK-6: the real blocks of the requests'
 sliding-window tables and `swa_block_bound(window, slots - processed)` (the most a
 table may hold after its last allocation), each summed over the requests. The sum
 counts a block that two requests share (a prefix hit) once per request, as the bound
-does; the band above counts it once.
+does; the categories count it once.
 
-An engine with recurrent layers (spec chapter 09: its snapshots have a `state`) gets a
-third panel, its state pool by holder: the requests' working (and tracking) states,
+An engine with recurrent layers (spec chapter 09: its snapshots have a `state`) has a
+third pool, its state pool by holder: the requests' working (and tracking) states,
 the checkpoints of the prefix tree, locked or evictable by their state lock ref,
 unaccounted (a slot neither free nor held: STATE-1), and free.
 
 A timeline replays a trace through its tier's driver and records the occupancy after
 each step. It goes on past a step that breaks an invariant, recording the clauses, and
-stops at a crash or a step the implementation cannot apply. `draw` turns it into a
-PNG, SVG or PDF with matplotlib (`pip install 'kvspec[plot]'`), imported only then.
+stops at a crash or a step the implementation cannot apply.
 """
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvspec.spec.accounting import HeldSequence, held_full_pages, held_swa_pages
 from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, Block, BlockPoolSnapshot, BlockPoolView, swa_block_bound
@@ -78,28 +76,13 @@ BLOCKS_UNACCOUNTED, CACHED_FREE = "unaccounted (BLOCK-1, BLOCK-2)", "cached and 
 WORKING, CHECKPOINT_LOCKED, CHECKPOINT_EVICTABLE = "working states", "checkpoints, locked", "checkpoints, evictable"
 STATE_UNACCOUNTED = "unaccounted (STATE-1)"
 """The categories of a state pool's slots (FREE too)."""
-CATEGORIES = (PRIVATE, PROTECTED, EVICTABLE, CALLER, FULL_TABLES, SWA_TABLES, WORKING, CHECKPOINT_LOCKED,
-              CHECKPOINT_EVICTABLE, NOT_ATTRIBUTED, UNACCOUNTED, BLOCKS_UNACCOUNTED, STATE_UNACCOUNTED, CACHED_FREE,
-              FREE)
-"""Bottom to top, as drawn."""
-COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#dd8452", "#f3c89b", "#8172b3", "#4c72b0", "#55a868", "#4c72b0",
-                               "#dd8452", "#f3c89b", "#9a9a9a", "#c44e52", "#c44e52", "#c44e52", "#f3c89b",
-                               "#ececec")))
-SWA_BLOCKS = "swa blocks"
-"""The panel under a shared block pool: its sliding-window blocks against BLOCK-6."""
-FORMATS = (".png", ".svg", ".pdf")
-PLOT_HINT = "pip install 'kvspec[plot]'"
-
-
-class PlotError(ValueError):
-    """A picture that cannot be drawn: a file suffix that is no format, or no matplotlib."""
 
 
 # -- the occupancy of one state -------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Occupancy:
-    """Pages per category (CATEGORIES) of each pool, "full" and "swa", or blocks of the
+    """Pages per category (above) of each pool, "full" and "swa", or blocks of the
     one shared pool, "blocks"; they add up to the pool's pages unless a page is held
     twice (I4), and always to its real blocks."""
 
@@ -148,7 +131,7 @@ def window_bound(request: RequestView, config: EngineConfig) -> int | None:
     """The most SWA slots `window_span` may be, by WIN-5 as I9 checks it: before the
     first decode step, with prefix sharing, eviction_span_bound(retention), the span a
     checkpoint leaves (a PD admission, whose SWA tail WIN-6 starts at or below
-    fill_len - 1 - max(W, P), is drawn against it too, though I9 checks it only once it
+    fill_len - 1 - max(W, P), is measured against it too, though I9 checks it only once it
     decodes); once it decodes, decode_window_bound, one page more before the third
     decode step, as I9 allows. None where I9 bounds nothing: a prefill without prefix
     sharing (it evicts before the chunk's allocation) and its first decode step."""
@@ -279,13 +262,6 @@ class Timeline:
     points: tuple[Point, ...] = ()
     stop: Stop | None = None
 
-    @property
-    def panels(self) -> tuple[str, ...]:
-        """What `draw` draws, top down (PANELS): each pool, or the shared block pool and its
-        sliding-window blocks."""
-        pools = ("blocks", SWA_BLOCKS) if "blocks" in self.pool_pages else ("full", "swa")
-        return (*pools, "state") if "state" in self.pool_pages else pools
-
 
 def title(trace: Trace, adapter: Adapter, label: str) -> str:
     config = trace.config
@@ -336,117 +312,3 @@ def timeline(trace: Trace, adapter: Adapter, label: str = "") -> Timeline:
             return Timeline(heading, pools, tuple(points), Stop(index, failure.kind, f"at step {index}: {failure}"))
         points.append(Point(index, step.op, occupancy, violated))
     return Timeline(heading, pools, tuple(points))
-
-
-# -- drawing ------------------------------------------------------------------------------------
-
-def picture_path(path: str | Path) -> Path:
-    """The path a picture is written to, once its suffix and matplotlib are known to work:
-    a PlotError otherwise, before anything runs."""
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise PlotError(f"--plot {path}: the picture's format comes from its suffix; use {', '.join(FORMATS)}")
-    pyplot()
-    return path
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (no display needed), imported only to draw."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise PlotError(f"drawing a picture needs matplotlib, which is not installed: {PLOT_HINT}") from error
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    return pyplot
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel of a picture: a pool's categories, stacked, and lines of Occupancy's
-    window attributes, each (attribute, label, color, line style or "area": filled)."""
-
-    pool: str | None
-    """The pool whose categories are stacked; None: lines only, the axis fitted to them."""
-    ylabel: str
-    lines: tuple[tuple[str, str, str, str], ...] = ()
-
-
-PANELS = {
-    "full": Panel("full", "full pool, pages"),
-    "swa": Panel("swa", "SWA pool, pages", (("window_bound", "window bound (WIN-5, I9)", "black", "-"),
-                                            ("window_span", "kept from the cursors", "#1f4e9c", "--"))),
-    "blocks": Panel("blocks", "shared block pool, blocks"),
-    "state": Panel("state", "state pool, slots"),
-    SWA_BLOCKS: Panel(None, "sliding-window blocks held", (("window_bound", "window bound (BLOCK-6)", "black", "-"),
-                                                           ("window_span", "held, summed over requests",
-                                                            COLORS[SWA_TABLES], "area"))),
-}
-"""The panels `plot_pool` draws, by name; Timeline.panels names a timeline's, top down."""
-
-
-def plot_pool(axes, timeline: Timeline, pool: str, marks: bool = True) -> None:
-    """The panel named `pool` (PANELS) after each step: a pool's pages per category,
-    stacked, and its window lines (on the SWA pool; under a shared block pool, on a
-    panel of their own); the steps that broke a clause (labelled with `marks`) and a
-    crash."""
-    panel = PANELS[pool]
-    steps = [point.step for point in timeline.points]
-    edges = [step - 0.5 for step in steps] + [steps[-1] + 0.5] if steps else []  # each step one unit wide
-
-    def per_step(values: list) -> list:  # a value per edge, the last one repeated to close the last step
-        return values + values[-1:]
-
-    pages = [point.occupancy.pools.get(panel.pool, {}) for point in timeline.points]
-    shown = [c for c in CATEGORIES if any(p.get(c, 0) for p in pages)]
-    polygons = axes.stackplot(edges, *(per_step([p.get(c, 0) for p in pages]) for c in shown), labels=shown,
-                              colors=[COLORS[c] for c in shown], step="post", linewidth=0) if shown else []
-    highest = 0
-    for attribute, label, color, style in panel.lines:
-        values = [getattr(point.occupancy, attribute) for point in timeline.points]
-        if any(value is not None for value in values):
-            highest = max(highest, *(value for value in values if value is not None))
-            values = per_step([float("nan") if v is None else v for v in values])
-            if style == "area":  # drawn under the lines (a collection), which stay visible where they meet it
-                axes.fill_between(edges, values, step="post", color=color, alpha=0.6, linewidth=0, label=label)
-            else:
-                axes.step(edges, values, where="post", color=color, linestyle=style, linewidth=1.5, label=label)
-    broken = [(point.step, ", ".join(point.violated)) for point in timeline.points if point.violated]
-    if timeline.stop is not None:
-        broken.append((timeline.stop.step, timeline.stop.kind))
-    for step, what in broken:
-        axes.axvline(step, color="#b2182b", linewidth=1, linestyle=":")
-        if marks:
-            axes.annotate(what, (step, 1), xycoords=axes.get_xaxis_transform(), xytext=(-1, -3),
-                          textcoords="offset points", rotation=90, ha="right", va="top", fontsize=7,
-                          color="#b2182b")
-    axes.set_ylim(0, timeline.pool_pages[panel.pool] if panel.pool else highest + max(1, highest // 10))
-    axes.set_xlim(-0.5, max([*steps, *(step for step, _ in broken)], default=0) + 0.5)
-    axes.set_ylabel(panel.ylabel)
-    for axis in (axes.xaxis, axes.yaxis):  # steps and pages are whole numbers
-        axis.get_major_locator().set_params(integer=True)
-    handles, labels = axes.get_legend_handles_labels()
-    order = [*reversed(range(len(polygons))), *range(len(polygons), len(handles))]  # top down, as stacked
-    axes.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
-                bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-
-
-def draw(timeline: Timeline, path: str | Path) -> Path:
-    """The panels of `timeline` (both pools, or the shared block pool and its sliding-window
-    blocks; and a state pool), top down, to `path` (.png, .svg or .pdf)."""
-    path = picture_path(path)
-    plt = pyplot()
-    figure, panels = plt.subplots(len(timeline.panels), 1, sharex=True, figsize=(9, 2.75 * len(timeline.panels)),
-                                  layout="constrained")
-    for index, (axes, panel) in enumerate(zip(panels, timeline.panels)):
-        plot_pool(axes, timeline, panel, marks=index == 0)
-    panels[-1].set_xlabel("step of the trace")
-    figure.suptitle(timeline.title, fontsize=10)
-    if timeline.stop is not None:
-        panels[0].set_title(f"{timeline.stop.kind} {timeline.stop.message.splitlines()[0]}", fontsize=8,
-                            color="#b2182b")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path

@@ -45,7 +45,8 @@ from ..harness.replay import replay, with_expectations
 from ..harness.trace import Trace, load
 from ..harness.outputs import write_text
 from ..reports.model import ClassTally, RunResult
-from ..review.occupancy import draw, timeline
+from ..review.occupancy import timeline
+from ..review.occupancy_plot import draw
 from .plan import PlannedRun
 
 

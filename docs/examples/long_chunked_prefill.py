@@ -19,7 +19,8 @@ from pathlib import Path
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import with_expectations
 from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json
-from kvspec.conformance.review.occupancy import plot_pool, pyplot, timeline
+from kvspec.conformance.review.occupancy import timeline
+from kvspec.conformance.review.occupancy_plot import plot_pool, pyplot
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 

@@ -28,13 +28,13 @@ and the legacy tree. Lines are of the 0.5.14 wheel's `sglang/srt/` unless 0.5.15
 
 
 
-from ..engine import KvFields
-from .api_0_5_16 import Engine as Engine_0_5_16
+from ..view import KvFields
+from .api_0_5_16 import Engine_0_5_16
 from .api_0_5_19 import add_free_page_census
 from .legacy_tree import legacy_tree_view
 
 
-class Engine(Engine_0_5_16):
+class Engine_0_5_14(Engine_0_5_16):
     """SGLang 0.5.14, 0.5.15, 0.5.15.post1."""
 
     def __init__(self, config, tree: str = "legacy", environment: dict[str, str] | None = None, **kwargs):

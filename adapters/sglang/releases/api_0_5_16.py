@@ -13,7 +13,7 @@ the 0.5.16 wheel's `sglang/srt/`.
 import importlib
 
 from ..tree_view import tree_view
-from .api_0_5_17 import Engine as Engine_0_5_17
+from .api_0_5_17 import Engine_0_5_17
 
 
 class OwnCore:
@@ -26,7 +26,7 @@ class OwnCore:
         return getattr(self.cache, name)
 
 
-class Engine(Engine_0_5_17):
+class Engine_0_5_16(Engine_0_5_17):
     """SGLang 0.5.16."""
 
     def lock(self, req) -> None:

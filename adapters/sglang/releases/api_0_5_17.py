@@ -19,11 +19,11 @@ Lines are of the 0.5.17 wheel's `sglang/srt/` unless 0.5.18 is named.
   counts them the same way. 0.5.18 tests tokens instead (`0.5.18 managers/schedule_batch.py:3333-3351`) and ignores the count.
 """
 
-from ..engine import KvFields
-from .api_0_5_19 import Engine as Engine_0_5_19
+from ..view import KvFields
+from .api_0_5_19 import Engine_0_5_19
 
 
-class Engine(Engine_0_5_19):
+class Engine_0_5_17(Engine_0_5_19):
     """SGLang 0.5.17, 0.5.18."""
 
     def __init__(self, *args, **kwargs):

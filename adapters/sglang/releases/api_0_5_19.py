@@ -22,9 +22,9 @@ of the 0.5.19 wheel's `sglang/srt/` unless 0.5.20 is named.
 
 from functools import partial
 
-from ..engine import KvFields
+from ..view import KvFields
 from ..runtime import BEFORE_IMPORT, sglang
-from .api_0_5_21 import Engine as Engine_0_5_21
+from .api_0_5_21 import Engine_0_5_21
 
 
 def tolerate_shipped_configs() -> None:
@@ -57,7 +57,7 @@ if tolerate_shipped_configs not in BEFORE_IMPORT:
     BEFORE_IMPORT.append(tolerate_shipped_configs)
 
 
-class Engine(Engine_0_5_21):
+class Engine_0_5_19(Engine_0_5_21):
     """SGLang 0.5.19, 0.5.20."""
 
     def __init__(self, config, tree: str = "python", environment: dict[str, str] | None = None, **kwargs):

@@ -67,7 +67,7 @@ def use_cpu_kernels(s) -> None:
     paged.alloc_extend_kernel, paged.alloc_decode_kernel = CpuLaunch(extend), CpuLaunch(decode)
 
 
-class Engine(SglangEngine):
+class Engine_0_5_21(SglangEngine):
     """SGLang 0.5.21."""
 
     def __init__(self, *args, **kwargs):

@@ -89,7 +89,8 @@ def engine_class(release: Release):
         from ..engine import SglangEngine
         return SglangEngine
     from importlib import import_module
-    return import_module(f"{__package__}.{module}").Engine
+    # each shim names its engine after its generation: api_0_5_14 defines Engine_0_5_14
+    return getattr(import_module(f"{__package__}.{module}"), "Engine" + module.removeprefix("api"))
 
 
 def shim_modules(release: Release) -> tuple[str, ...]:
