@@ -39,6 +39,8 @@ from .block_pool_engine import GROUPS, BlockPoolEngine, BlockRequest
 
 
 class StateGroup:
+    """[SCHED-9] The state pages of one scheduler's requests, in its engine's block pool."""
+
     def __init__(self, engine: BlockPoolEngine):
         self.engine = engine
         self.pool = engine.pool

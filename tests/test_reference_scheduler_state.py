@@ -4,6 +4,8 @@ and a hit's copy of it, each the state of exactly the tokens before it; the
 scheduler+state runs pass on the reference; and the seeded bug that shares a hit's
 checkpoint instead of copying it is caught by SCHED-9."""
 
+from pathlib import Path
+
 import pytest
 
 from kvspec.adapters.mutants import MUTANTS
@@ -130,3 +132,24 @@ def test_sched_9_a_hit_that_shares_its_checkpoint_is_caught():
     with pytest.raises(InvariantViolation, match=r"\[SCHED-9\] request b: the row writes its state to page \d+, "
                                                  r"which \['c'\] hold too"):
         steps(driver(mutant.make_scheduler))
+
+
+def test_the_state_vectors_need_state_group_and_replay_on_the_reference():
+    """[SCHED-9] vectors/ holds the reference's random arrivals with a state group, one set
+    per scheduler+state run's configuration: the reference replays them, every plan
+    checked, and an adapter without state_group has them skipped, not failed."""
+    from dataclasses import replace
+
+    from kvspec.conformance.harness.families import SCHEDULER_STATE_CONFIGS
+    from kvspec.conformance.harness.replay import replay, unmet_requirements
+    from kvspec.conformance.harness.trace import load
+
+    reference = load_adapter(ADAPTER.name)
+    without = replace(reference, capabilities=reference.capabilities - {"state_group"})
+    vectors = Path(__file__).parent.parent / "vectors"
+    for page_size, window in SCHEDULER_STATE_CONFIGS:
+        trace = load(vectors / f"scheduler-state-P{page_size}-W{window}-1.jsonl")
+        assert STATE in trace.config["groups"]
+        assert unmet_requirements(trace, reference) == []
+        assert "capability state_group" in unmet_requirements(trace, without)
+        assert replay(trace, reference).conforms
