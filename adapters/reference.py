@@ -76,8 +76,9 @@ class ReferenceEngineAdapter:
 
 
 def make_scheduler(config, device: str = "cpu"):
-    """The reference scheduler (chapter 10) over the reference's shared block pool: its
-    operations take and return the spec's plain data already."""
+    """The reference scheduler (chapter 10) over the reference's shared block pool, with a
+    recurrent-state group where the configuration names one (SCHED-9): its operations
+    take and return the spec's plain data already."""
     from kvspec.reference.scheduler import ReferenceScheduler
 
     return ReferenceScheduler(config, device=device)
@@ -98,8 +99,10 @@ class ADAPTER:
     policy_versions = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
     capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
                     "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed",
+                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group",
                     "pd_checkpoint_keeps_window", "batched_prefill")
+    """At the scheduler tier: preempts_only_when_needed (SCHED-7) and state_group, the
+    reference scheduler's recurrent-state group (the scheduler+state runs, SCHED-9)."""
     version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}
     make_allocator = ReferenceAllocatorAdapter
     make_engine = ReferenceEngineAdapter

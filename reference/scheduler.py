@@ -1,5 +1,7 @@
-"""The reference scheduler [SCHED-1 .. SCHED-8]: chapter 10's tier over the reference's
+"""The reference scheduler [SCHED-1 .. SCHED-9]: chapter 10's tier over the reference's
 shared block pool (block_pool_engine.py), as plain a scheduler as the chapter allows.
+Its groups are full attention and sliding window, and, for a model with recurrent
+layers, a state group after them (scheduler_state.py: SCHED-9).
 
 A plan is made in three passes:
 
@@ -23,7 +25,9 @@ A plan is made in three passes:
 The engine allocates each row's slots when the plan is made (as vLLM's `allocate_slots`
 does) and takes the row's result when it comes: its tokens are then computed, and a row
 that reaches the last known token appends the sampled output. Every block decision is
-the engine's, and so the spec's; this module only orders the requests.
+the engine's, and so the spec's; this module only orders the requests. With a state
+group, the state pages a row takes are counted with its blocks, a prefix hit ends at a
+cached state, and a prefill chunk ends at the request's checkpoint (StateGroup).
 """
 
 from collections.abc import Sequence
@@ -33,6 +37,7 @@ from kvspec.spec.block_pool import NULL_BLOCK
 from kvspec.spec.lifecycle import admission_match_limit
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.scheduler import (
+    STATE,
     PagePool,
     Plan,
     Preempted,
@@ -46,6 +51,7 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 
 from .block_pool_engine import GROUPS, BlockPoolEngine, BlockRequest
+from .scheduler_state import StateGroup
 
 
 def engine_config(config: SchedulerConfig) -> EngineConfig:
@@ -71,12 +77,17 @@ class Budget:
 
 class ReferenceScheduler:
     engine_class = BlockPoolEngine
+    state_class = StateGroup
 
     def __init__(self, config: SchedulerConfig, device: str = "cpu"):
-        if tuple(config.groups) != GROUPS:
-            raise ValueError(f"the reference scheduler's engine has the groups {GROUPS}; got {config.groups}")
+        if tuple(config.groups) not in (GROUPS, (*GROUPS, STATE)):
+            raise ValueError(f"the reference scheduler's engine has the groups {GROUPS}, and a {STATE!r} group "
+                             f"after them for a model with recurrent layers; got {config.groups}: build it with "
+                             f"groups {GROUPS} or {(*GROUPS, STATE)}")
         self.config = config
         self.engine = self.engine_class(engine_config(config), device)
+        self.state = self.state_class(self.engine) if STATE in config.groups else None
+        """The recurrent-state group (SCHED-9), or None."""
         self.arrivals: list[str] = []
         """Every request not ended, in arrival order: the order of every pass."""
         self.waiting: dict[str, BlockRequest] = {}
@@ -130,9 +141,13 @@ class ReferenceScheduler:
             if request in victims or not budget.allows():
                 continue
             tokens = min(len(request.tokens) - request.computed, budget.tokens)
-            while tokens > 1 and self.engine.blocks_needed(request, tokens) > free:
+            state_pages = 0
+            if self.state:
+                tokens = self.state.chunk(request, request.computed, tokens)
+                state_pages = self.state.pages_needed(request, request.computed)
+            while tokens > 1 and self.engine.blocks_needed(request, tokens) + state_pages > free:
                 tokens -= 1
-            need = self.engine.blocks_needed(request, tokens)
+            need = self.engine.blocks_needed(request, tokens) + state_pages
             forwarded = {planned_request.rid for planned_request, _ in planned}
             candidates = [other for other in running if other is not request and other.rid not in forwarded
                           and other not in victims]
@@ -160,8 +175,7 @@ class ReferenceScheduler:
     def freed(self, victims: list[BlockRequest], already: list[BlockRequest]) -> int:
         """The blocks preempting `victims` frees beyond what preempting `already` (a part of
         them) frees: those no request but the victims holds (spec: freed_by)."""
-        tables = {rid: tuple(tuple(request.table(g)) for g in range(len(GROUPS)))
-                  for rid, request in self.engine.requests.items()}
+        tables = {rid: self.tables(request) for rid, request in self.engine.requests.items()}
 
         def free_after(chosen: list[BlockRequest]) -> int:
             rids = {request.rid for request in chosen}
@@ -174,6 +188,8 @@ class ReferenceScheduler:
     def result(self, rid: str, token: int | None) -> None:
         row = self.rows.pop(rid)
         request = self.engine.requests[rid]
+        if self.state:
+            self.state.write(request, row.start, row.tokens)
         request.computed = row.start + row.tokens
         if request.computed == len(request.tokens):  # it reached the last known token: an output
             if request.finished_prefill:
@@ -182,34 +198,56 @@ class ReferenceScheduler:
             self.engine.sample(request, token)
 
     def finish(self, rid: str) -> None:
-        self.engine.release(self.engine.requests[rid])
+        self.release(self.engine.requests[rid])
         self.arrivals.remove(rid)
 
     def abort(self, rid: str) -> None:
         if rid in self.engine.requests:
-            self.engine.release(self.engine.requests[rid])
+            self.release(self.engine.requests[rid])
         self.waiting.pop(rid, None)
         self.arrivals.remove(rid)
 
     def snapshot(self) -> SchedulerView:
         free = self.engine.pool.free_count
-        tables = tuple((rid, tuple(tuple(request.table(g)) for g in range(len(GROUPS))))
+        tables = tuple((rid, self.tables(request))
                        for rid, request in sorted(self.engine.requests.items()) if request.holds_tables())
-        return SchedulerView(PagePool(self.config.pages, free, self.config.pages - free), tables,
-                             self.engine.snapshot())
+        memory = self.engine.snapshot()
+        if self.state:
+            memory = self.state.attention_snapshot(memory)
+        return SchedulerView(PagePool(self.config.pages, free, self.config.pages - free), tables, memory)
+
+    def tables(self, request: BlockRequest) -> tuple[tuple[int, ...], ...]:
+        """Its table per group: the engine's attention tables, and its state table."""
+        attention = tuple(tuple(request.table(g)) for g in range(len(GROUPS)))
+        return (*attention, self.state.table(request.rid)) if self.state else attention
+
+    def release(self, request: BlockRequest) -> None:
+        """Give back every page it holds: its blocks in release order (BLOCK-10), then its states."""
+        self.engine.release(request)
+        if self.state:
+            self.state.release(request)
 
     # -- the passes ------------------------------------------------------------------------
 
     def preempt(self, victim: BlockRequest) -> None:
         """By recompute: its blocks freed, it waits with every token it has (BLOCK-10 order)."""
-        self.engine.release(victim)
+        self.release(victim)
         self.waiting[victim.rid] = self.engine.new_request(victim.rid, victim.tokens, victim.prompt_len)
 
     def admit(self, request: BlockRequest, budget: Budget, rows: list[Row]) -> bool:
         """Admit with its prefix hit and a first chunk; False when the blocks are short."""
         engine = self.engine
-        hit, blocks, request.junction = engine.find_hit(request, admission_match_limit(len(request.tokens)))
-        tokens = min(len(request.tokens) - hit, budget.tokens)
+        limit = admission_match_limit(len(request.tokens))
+        if self.state:
+            hit, blocks, request.junction, checkpoint = self.state.find_hit(request, limit)
+            tokens = self.state.chunk(request, hit, min(len(request.tokens) - hit, budget.tokens))
+            if (engine.blocks_needed(request, tokens, hit, blocks) + self.state.pages_needed(request, hit, checkpoint)
+                    > engine.pool.free_count):
+                return False
+            self.state.adopt(request, checkpoint)
+        else:
+            hit, blocks, request.junction = engine.find_hit(request, limit)
+            tokens = min(len(request.tokens) - hit, budget.tokens)
         if not engine.allocate(request, tokens, hit, blocks):
             return False
         request.computed = hit
@@ -220,4 +258,6 @@ class ReferenceScheduler:
         return True
 
     def row(self, request: BlockRequest, start: int, tokens: int) -> Row:
-        return Row(request.rid, start, tokens, tuple(tuple(request.table(g)) for g in range(len(GROUPS))))
+        """The row, with the state it reads where there is a state group (its pages taken)."""
+        state_read = self.state.open_row(request, start) if self.state else None
+        return Row(request.rid, start, tokens, self.tables(request), state_read)

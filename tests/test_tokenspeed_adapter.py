@@ -164,11 +164,11 @@ def test_a_trace_of_the_scheduler_tier_is_data_and_replays_on_tokenspeed(tmp_pat
 
 
 def test_the_scheduler_vectors_replay_on_tokenspeed():
-    """[SCHED-1 .. SCHED-8] vectors/ holds the scheduler tier's vectors (chapter 10's
-    worked example and random arrivals on the reference scheduler): TokenSpeed replays
-    every one, each plan of its own checked."""
+    """[SCHED-1 .. SCHED-9] vectors/ holds the scheduler tier's vectors (chapter 10's
+    worked example and random arrivals on the reference scheduler, six of them with a
+    state group): TokenSpeed replays every one, each plan of its own checked."""
     vectors = sorted(path for path in (TESTS.parent / "vectors").glob("*.jsonl") if load(path).tier == "scheduler")
-    assert len(vectors) == 10
+    assert len(vectors) == 16
     for path in vectors:
         result = replay(load(path), load_adapter("tokenspeed"))
         assert result.conforms, f"{path.name}: {result.verdict()}"

@@ -1,14 +1,19 @@
-"""Bugs of the reference scheduler (chapter 10, SCHED-2 .. SCHED-8), one per clause, seeded
+"""Bugs of the reference scheduler (chapter 10, SCHED-2 .. SCHED-9), one per clause, seeded
 into kvspec.reference.scheduler (and, where the bug lives in an allocation, into its
-shared block pool): each is the class of a bug found in, or seeded into, a real
-scheduler (TokenSpeed's, vLLM's), named in its docstring.
+shared block pool or its state group): each is the class of a bug found in, or seeded
+into, a real scheduler (TokenSpeed's, vLLM's) or memory manager, named in its docstring.
 
-Each is an adapter of the scheduler tier alone (`scheduler P=.. W=..` runs).
+Each is an adapter of the scheduler tier alone (`scheduler P=.. W=..` runs; SCHED-9's
+`scheduler+state P=.. W=..`).
 """
+
+import torch
 
 from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.reference.scheduler import ReferenceScheduler
+from kvspec.reference.scheduler_state import StateGroup
+from kvspec.spec.block_pool import NULL_BLOCK
 from kvspec.spec.scheduler import PagePool, SchedulerView
 
 from .seeding import Mutant
@@ -135,3 +140,27 @@ class PREEMPTED_NEVER_RESUMED(Mutant, slug="preempted-never-resumed", scheduler=
 
     clause, invariant_class = "SCHED-8", "scheduling"
     exposed_by = Run(2, 5, scheduler=True)
+
+
+class HitSharesStateGroup(StateGroup):
+    def adopt(self, request, checkpoint):
+        super().adopt(request, checkpoint)
+        if checkpoint != NULL_BLOCK:  # BUG: no copy-on-write: the request runs on the checkpoint's own page
+            self.tables[request.rid] = torch.tensor([NULL_BLOCK, checkpoint], dtype=torch.int64,
+                                                    device=self.pool.device)
+
+
+class HitSharesState(ReferenceScheduler):
+    state_class = HitSharesStateGroup
+
+
+class HIT_SHARES_STATE(Mutant, slug="scheduler-hit-shares-state", scheduler=HitSharesState):
+    """A prefix hit adopts the cached state it ends at as the request's running state
+    instead of copying it into a page of its own: the request's rows advance the
+    checkpoint in place, so a later hit on it reads a state past its tokens, and two
+    requests that hit it together write one page. The scheduler tier's form of the
+    two-pool mutant `shared-state-on-hit` (SGLang's copy-on-write at a match, 0.5.23
+    `MambaComponent.finalize_match_result_in_cache`)."""
+
+    clause, invariant_class = "SCHED-9", "state"
+    exposed_by = Run(4, 7, scheduler=True, state=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from kvspec.spec.models import model_for
 from kvspec.spec.outcomes import InvalidRequest
-from kvspec.spec.scheduler import pages_alone
+from kvspec.spec.scheduler import STATE, pages_alone
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import pd_checkpoint_at_risk
 
@@ -75,6 +75,8 @@ def unmet_requirements(trace: Trace, adapter: Declaration) -> list[str]:
             needs["refuses_misuse"] = True
     if trace.tier == "scheduler" and pressed(trace):
         needs["preempts_only_when_needed"] = True  # its pool cannot hold every request of it at once (SCHED-7)
+    if trace.tier == "scheduler" and STATE in trace.config["groups"]:
+        needs["state_group"] = True  # a recurrent-state group beside the attention groups (SCHED-9)
     if trace.tier == "engine" and trace.config.get("state_slots"):
         needs["recurrent_state"] = True
         if trace.config["page_size"] > 1:

@@ -17,8 +17,9 @@ or not listed. It holds:
   * random allocator operation sequences per page size;
   * at the scheduler tier (spec chapter 10), the chapter's worked example and random
     arrivals from the scheduler state machine on the reference scheduler, per
-    configuration: they fix no plan, so they carry no `expect`, and an implementation
-    replays them to have every plan it makes checked.
+    configuration, and with a recurrent-state group per scheduler+state run's
+    configuration (SCHED-9): they fix no plan, so they carry no `expect`, and an
+    implementation replays them to have every plan it makes checked.
 
 Every step of the other tiers carries the observables the spec fixes (OBS-3) as
 `expect`, and every vector ends with `drain` (release everything, evict everything:
@@ -37,7 +38,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kvspec.spec.scheduler import SchedulerConfig
+from kvspec.spec.block_pool import FULL, SWA
+from kvspec.spec.scheduler import STATE, SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import (
     BLOCK_POOL_VERSIONS,
@@ -51,7 +53,7 @@ from kvspec.spec.window import (
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.engine_machine import engine_machine
-from ..harness.declarations import STATE_CONFIGS
+from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.scheduler_machine import scheduler_config_json, scheduler_machine
@@ -245,14 +247,21 @@ def scheduler_walkthrough() -> dict[str, Trace]:
 
 
 def scheduler_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
-    """[SCHED-1 .. SCHED-8] Random arrivals on the reference scheduler, per configuration,
-    with its pool under pressure."""
+    """[SCHED-1 .. SCHED-9] Random arrivals on the reference scheduler, per configuration,
+    with its pool under pressure; and with a recurrent-state group beside the attention
+    groups, per configuration of the scheduler+state runs (families.SCHEDULER_STATE_CONFIGS),
+    replayed only by an adapter with state_group."""
     traces = {}
     for page_size, window in SCHEDULER_VECTOR_CONFIGS:
         machine = scheduler_machine(reference.make_scheduler, page_size, window)
         traces.update(seeded_traces("scheduler", machine, f"scheduler-P{page_size}-W{window}",
                                     f"random arrivals at the scheduler tier, page size {page_size}, window {window}",
                                     seed))
+    for page_size, window in SCHEDULER_STATE_CONFIGS:
+        machine = scheduler_machine(reference.make_scheduler, page_size, window, groups=(FULL, SWA, STATE))
+        traces.update(seeded_traces("scheduler", machine, f"scheduler-state-P{page_size}-W{window}",
+                                    f"random arrivals at the scheduler tier with a recurrent-state group, page "
+                                    f"size {page_size}, window {window}", seed))
     return traces
 
 
