@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness.checks import ImplementationCrash
+from .harness.checks import ImplementationCrash, checks_mode_problem
 from .harness.isolation import MEMORY_LIMIT, Journal, Lost, run_jobs
 from .harness.profiles import PROFILES
 from .harness.protocol import AdapterError, load_adapter
@@ -56,8 +56,8 @@ def signal_name(stop: KeyboardInterrupt) -> str:
     return "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
 
 
-def positive_number(unit: str):
-    """An option's type: a finite number of `unit` above 0."""
+def positive_number(unit: str, most: float = float("inf")):
+    """An option's type: a finite number of `unit` above 0, at most `most`."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -65,12 +65,14 @@ def positive_number(unit: str):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
         if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"{text} {unit}: give a finite number above 0")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text} {unit}: give at most {most:.15g} {unit}")
         return value
     return parse
 
 
 positive_seconds = positive_number("seconds")
-gibibytes = positive_number("GiB")
+gibibytes = positive_number("GiB", most=1 << 20)  # 1 PiB; 1e300 GiB in bytes overflows a float
 
 
 def memory_bytes(args) -> int:
@@ -349,6 +351,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     if getattr(args, "workers", 1) < 1:
         parser.error("-n/--workers must be at least 1")
+    if args.command in ("check", "replay", "zoo", "vectors") and (problem := checks_mode_problem()):
+        parser.error(problem)  # before any worker: each would inherit it
     try:
         return args.func(args)
     except (AdapterError, TraceError, PlotError) as error:
