@@ -130,10 +130,10 @@ def allocator_adapter(name: str, allocator) -> object:
 @pytest.mark.parametrize("allocator, shown", [(TensorSlots, "is a Tensor (tensor([4, 5, 6, 7, 8])), not Sequence[int]"),
                                               (CountSlots, "is a count (count(0)), not Sequence[int]")])
 def test_an_allocation_of_the_wrong_type_is_named_as_the_implementations_failure_of_alloc_1(allocator, shown):
-    """A tensor was reported as I2 "a page counted twice" (its elements, 0-d tensors, are
-    distinct objects), an iterator as a bare TypeError from len() ending in "not
-    deterministic?". Named as a snapshot's field is (OBS-1), by the clause that says what
-    an allocation returns."""
+    """A tensor was reported as a broken conservation of the full pool ("a page counted
+    twice": its elements, 0-d tensors, are distinct objects), an iterator as a bare
+    TypeError from len() ending in "not deterministic?". Named as a snapshot's field is
+    (OBS-1), by the clause that says what an allocation returns."""
     trace = Trace("allocator", {"page_size": 4, "size_full": 32, "size_swa": 32}, "reference",
                   (step("new_sequence", length=5), step("drain")))
     result = replay(trace, allocator_adapter(allocator.__name__, allocator))
