@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from .harness.checks import checks_mode_problem
 from .harness.isolation import LOAD_SECONDS, MEMORY_LIMIT, Lost, run_jobs
 from .harness.profiles import PROFILES
 from .harness.protocol import AdapterError, Declaration
@@ -382,6 +383,8 @@ def run(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "workers", 1) < 1:
         parser.error("-n/--workers must be at least 1")
+    if args.command in ("check", "explore", "replay", "zoo", "vectors") and (problem := checks_mode_problem()):
+        parser.error(problem)  # before any worker: each would inherit it
     if getattr(args, "json", None) and args.json == getattr(args, "junit", None):
         parser.error(f"--json and --junit name the same file, {args.json}; give each report a file of its own")
     try:

@@ -30,7 +30,7 @@ from kvspec.spec.lifecycle import (
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView, Step, TwoPoolSnapshot, held_full_slots
-from kvspec.spec.state import HybridStateSnapshot, is_checkpoint_boundary, min_state_slots
+from kvspec.spec.state import HybridStateSnapshot, is_checkpoint_boundary, min_state_slots, validate_state_grid
 from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
@@ -83,9 +83,8 @@ class TwoPoolEngine:
         if config.state_slots and config.state_slots < min_state_slots(config.max_requests):
             problems.append(f"a state pool needs at least {min_state_slots(config.max_requests)} slots for "
                             f"{config.max_requests} requests (STATE-2; got {config.state_slots})")
-        if config.state_slots and (config.state_grid < 1 or config.state_grid % config.page_size):
-            problems.append(f"state_grid must be a multiple of the page size {config.page_size} "
-                            f"(STATE-3; got {config.state_grid})")
+        if config.state_slots:
+            problems += validate_state_grid(config.state_grid, config.page_size)
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         self.config = config

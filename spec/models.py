@@ -35,30 +35,34 @@ class MemoryModel:
     """[OBS-3] What the spec fixes after a step, as plain data, for replay and differential runs."""
     drained_violations: Callable[[EngineSnapshot], list[Violation]]
     """What is still held once every request is released and the whole cache evicted (a leak)."""
+    fixed: tuple[str, ...]
+    """[OBS-3] The observables `fixed_observables` names: all a trace's `expect` may name
+    for an engine of this model (a trace that expects another model's is at fault)."""
 
 
 TWO_POOL = MemoryModel(
     "two-pool", "chapters 01-07", TwoPoolSnapshot, ("free_sets", "mapping", "rows", "tree"), TWO_POOL_VERSIONS,
-    two_pool_observables, two_pool_drained_violations)
+    two_pool_observables, two_pool_drained_violations, ("outcome", "free_full_pages", "free_swa_pages", "requests"))
 """Full and SWA pools with the full->SWA mapping, request rows and cursors, the prefix tree.
 free_sets: the free page ids; mapping: the full->SWA mapping; rows: request rows and
 cursors; tree: the prefix tree with locks and ledgers."""
 BLOCK_POOL = MemoryModel(
     "block-pool", "chapter 08", BlockPoolSnapshot, ("block_pool", "rows"), BLOCK_POOL_VERSIONS, block_pool_observables,
-    drained_violations)
+    drained_violations, ("outcome", "free_blocks", "requests"))
 """One block pool shared by every layer group. block_pool: the pool, tables, cache map
 and events; rows: the requests' rows and cursors."""
 
 TWO_POOL_STATE = MemoryModel(
     "two-pool-state", "chapters 01-07 and 09", HybridStateSnapshot, TWO_POOL.observables,
-    TWO_POOL_VERSIONS, state_observables, state_drained_violations)
+    TWO_POOL_VERSIONS, state_observables, state_drained_violations,
+    (*TWO_POOL.fixed, "free_state_slots", "state_lengths"))
 """The two pools and the prefix tree, and a pool of recurrent states with checkpoints in
 the tree (full + SWA + state). Its snapshot always shows the state pool (what each slot
 has read, the checkpoints' locks and ledgers), so its observables are the two-pool ones."""
 
 BLOCK_POOL_STATE = MemoryModel(
     "block-pool-state", "chapters 08 and 09", BlockPoolStateSnapshot, BLOCK_POOL.observables, BLOCK_POOL_VERSIONS,
-    block_pool_state_observables, block_pool_state_drained_violations)
+    block_pool_state_observables, block_pool_state_drained_violations, BLOCK_POOL.fixed)
 """One block pool shared by the attention groups and a recurrent-state group (STATE-10..14).
 Its snapshot always shows the state group, so its observables are the block-pool ones."""
 

@@ -65,6 +65,22 @@ def min_state_slots(max_requests: int) -> int:
     return 2 * max_requests + 1
 
 
+def validate_state_grid(state_grid: int, page_size: int) -> list[str]:
+    """[MODEL-4, STATE-3] What is wrong with a state pool's checkpoint grid, as sentences
+    that say how to fix it; empty when it is valid: a whole number of pages (a state that
+    has read a partial page cannot be keyed).
+
+    post: (__return__ == []) == (state_grid >= 1 and page_size >= 1 and state_grid % page_size == 0)
+    """
+    problems = []
+    if page_size < 1:
+        problems.append(f"page_size must be >= 1 (got {page_size})")
+    elif state_grid < 1 or state_grid % page_size:
+        problems.append(f"state_grid must be a multiple of the page size {page_size} (STATE-3; got {state_grid}); "
+                        f"use {max(1, state_grid // page_size) * page_size}")
+    return problems
+
+
 def is_checkpoint_boundary(position: int, grid: int) -> bool:
     """[STATE-3] Whether a checkpoint may be taken after `position` tokens: at a whole
     number of grid steps (the engine's alignment, a multiple of the page size), never at 0.

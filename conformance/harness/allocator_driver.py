@@ -12,6 +12,7 @@ spec requires to be refused with no change. `drain` frees everything and require
 every page free.
 """
 
+from collections.abc import Sequence as SequenceType
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,11 @@ from kvspec.spec.outcomes import KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
 from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally, leak_clauses
+from .snapshot_shape import shape_problem
 from .trace import TraceStep
 
+ALLOCATIONS = ("alloc", "alloc_extend", "alloc_decode", "alloc_extend_swa_tail")
+"""The calls that return the new tokens' full slots, a list of ints, or OutOfMemory (ALLOC-1)."""
 REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",
             "free_swa_of_released", "free_unaligned_segment")
 
@@ -75,13 +79,20 @@ class AllocatorDriver:
         if not quiet:
             self.log(f"{operation}{args}")
         try:
-            return getattr(self.allocator, operation)(*args)
+            result = getattr(self.allocator, operation)(*args)
         except KvSpecError:
             if refusal:
                 raise
             raise ImplementationCrash(f"{operation}{args} raised although the call is valid", ["ALLOC-5"])
         except Exception as error:
             raise ImplementationCrash(f"{operation}{args} raised {type(error).__name__}: {error}") from error
+        if operation in ALLOCATIONS and not isinstance(result, OutOfMemory):
+            # named like a snapshot's field: a tensor or an iterator would otherwise be
+            # read as slots, and blamed on a clause it did not break (or crash the check)
+            if problem := shape_problem(result, SequenceType[int], f"the result of {operation}"):
+                raise ImplementationCrash(f"{problem}: an allocation returns the new tokens' full slots as a list "
+                                          f"of ints, or OutOfMemory", ["ALLOC-1"])
+        return result
 
     def free_page_counts(self) -> tuple[int, int]:
         full, swa = self.call("available_sizes", quiet=True)

@@ -57,6 +57,21 @@ class StepNotApplicable(StepFailure):
     kind = "diverged"
 
 
+CHECKS_MODES = ("incremental", "naive")
+"""The values of KVSPEC_CHECKS: incremental (the default, also when it is unset or empty)
+or naive (every check as the spec writes it)."""
+
+
+def checks_mode_problem() -> str | None:
+    """What is wrong with KVSPEC_CHECKS, or None: a value that is not one of CHECKS_MODES
+    (a typo such as NAIVE would otherwise run the incremental checks without a word)."""
+    value = os.environ.get("KVSPEC_CHECKS", "")
+    if value in ("", *CHECKS_MODES):
+        return None
+    return (f"KVSPEC_CHECKS={value!r} is not a way of checking; set it to {' or '.join(CHECKS_MODES)} "
+            f"(lower case), or unset it for the default, incremental")
+
+
 def leak_clauses(full_pages_leaked: int, swa_pages_leaked: int) -> list[str]:
     """[I2, I3] The conservation clause of each pool that leaked."""
     return ["I2"] * (full_pages_leaked > 0) + ["I3"] * (swa_pages_leaked > 0)
@@ -75,7 +90,9 @@ class Checks:
 
     def __init__(self, snapshot_type: type, observables: Iterable[str], incremental: bool | None = None):
         if incremental is None:
-            incremental = os.environ.get("KVSPEC_CHECKS", "incremental") != "naive"
+            if problem := checks_mode_problem():
+                raise ValueError(problem)
+            incremental = os.environ.get("KVSPEC_CHECKS") != "naive"
         self.certificates = Certificates() if incremental else None
         self.counted: dict[bool, tuple[Counter, Counter]] = {}
         observables = frozenset(observables)

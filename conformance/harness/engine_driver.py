@@ -11,11 +11,12 @@ aborts every prefilling one, evicts the whole cache and requires every page free
 
 from typing import Any
 
+from kvspec.spec.lifecycle import RunningRequest, refusal
 from kvspec.spec.models import MemoryModel
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
-from .checks import Checks, ImplementationCrash, InvariantViolation, Tally
+from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally
 from .protocol import PARAMETERS
 from .trace import TraceStep
 
@@ -29,6 +30,8 @@ class EngineDriver:
         self.logging = log is not None  # a step's line is only written for someone who reads it
         self.tally = Tally()
         self.invariants = Checks(model.snapshot_type, observables)
+        self.retracted: set[str] = set()
+        """Requests retracted and not admitted since: what the lifecycle lets admit without a prompt."""
         self.previous = self.snapshot()
         # [OBS-4] an engine that can show a partial snapshot shows a whole one every
         # `period` checks (every check with small pools), a partial one in between
@@ -66,6 +69,10 @@ class EngineDriver:
         try:
             result = getattr(self.engine, operation)(*(args[name] for name in PARAMETERS[operation]))
         except InvalidRequest as error:
+            if why := self.forbidden(operation, args):
+                said = "" if str(error) == why else f" (the engine said: {error})"
+                raise StepNotApplicable(f"{operation} was refused, and the lifecycle forbids it in the state the "
+                                        f"engine showed before it: {why}{said}") from error
             raise InvariantViolation(f"{operation} was refused although the lifecycle allows it: {error}",
                                      ["LIFE-1"]) from error
         except KvSpecError as error:
@@ -75,9 +82,25 @@ class EngineDriver:
         failed = isinstance(result, OutOfMemory)
         if failed:
             self.log(f"  -> {result}")
+        elif operation == "retract":
+            self.retracted.add(args["rid"])
+        elif operation in ("admit", "pd_admit"):
+            self.retracted.discard(args["rid"])
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
         self.check(Step(operation, args.get("rid"), outcome, batch=tuple(chunk["rid"] for chunk in args.get("chunks", ()))))
         return outcome
+
+    def forbidden(self, operation: str, args: dict[str, Any]) -> str | None:
+        """[LIFE-1] Why the lifecycle forbids the call in the state the engine showed before
+        it (kvspec.spec.lifecycle.refusal), or None where it allows it: a refusal of a call
+        it forbids is no violation, but a step the trace (or an earlier divergence) got
+        wrong. What a request may trim is its own KV: past its cached prefix."""
+        try:
+            running = {r.rid: RunningRequest(r.finished_prefill, r.seq_len, r.kv_committed_len - r.cache_protected_len)
+                       for r in self.previous.requests}
+            return refusal(operation, args, running, self.retracted, self.previous.config.size_full)
+        except (TypeError, AttributeError, ValueError):  # a snapshot it cannot read: the refusal is the engine's
+            return None
 
     def refused(self, step: TraceStep):
         before = self.snapshot()

@@ -48,21 +48,41 @@ def gather(mapping: Sequence[SlotId], slots: Sequence[SlotId]) -> tuple[SlotId, 
     return (mapping[slots[0]],) if slots else ()
 
 
+MEMO_SLOTS = 1 << 20
+"""Most slots a Memo keeps in its keys: about 100 MB at worst (each slot an int of the
+snapshot kept alive by a key, a page of a value). A bound by entries would not bound
+memory: a decoding request's row is a new key at every step, tens of thousands of slots
+long in a long run, and 16,384 such keys outgrew the harness's own memory limit."""
+
+
 class Memo:
     """Facts of one holder, kept between snapshots by the holder's value (a frozen view):
-    a holder a step did not change is a hit. Cleared when it grows past `limit` entries."""
+    a holder a step did not change is a hit. Bounded by what it holds, not by its
+    entries: each entry weighs the slots its key names (`weight`), and the memo is cleared
+    when their sum would pass `limit`. A fact is never larger than its key (a holder's
+    pages, at most one per slot), so the memo keeps at most about twice `limit` elements,
+    plus the one entry of a holder larger than `limit` alone."""
 
-    def __init__(self, limit: int = 1 << 14):
-        self.limit, self.entries = limit, {}
+    def __init__(self, limit: int = MEMO_SLOTS):
+        self.limit, self.entries, self.slots = limit, {}, 0
 
-    def get(self, key, compute: Callable):
+    def get(self, key: tuple, compute: Callable):
         try:
             return self.entries[key]
         except KeyError:
-            if len(self.entries) >= self.limit:
-                self.entries.clear()
+            weight = self.weight(key)
+            if self.slots + weight > self.limit:
+                self.entries.clear()  # all at once: what a step reads again is found again at once
+                self.slots = 0
             value = self.entries[key] = compute()
+            self.slots += weight
             return value
+
+    @staticmethod
+    def weight(key: tuple) -> int:
+        """The slots a key names: the lengths of its tuples (a holder's slots, its peers),
+        one for the entry itself."""
+        return 1 + sum(len(part) for part in key if isinstance(part, tuple))
 
 
 class Derived:
@@ -242,7 +262,7 @@ class Certificates:
     def alignment(self, now: TwoPoolSnapshot) -> bool:
         page_size, derived = now.config.page_size, self.of(now)
         for holding in derived.holdings if page_size > 1 else ():  # at page size 1 every slot is aligned
-            if not self.memo.get(("aligned", holding, page_size),
+            if not self.memo.get(("aligned", *holding, page_size),
                                  lambda: not alignment_violations([HeldSequence(*holding)], page_size)):
                 return False
         for r in now.requests:

@@ -145,6 +145,7 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         return Replay(0, failure, stopped_at=0)
     observed = []
     divergence: tuple[int, StepFailure] | None = None  # the first step whose observables differ
+    differed = ""  # how they differ there
     for index, step in enumerate(trace.steps):
         log(f"step {index}: {step}")
         if journal is not None:
@@ -152,17 +153,23 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         try:
             now = driver.apply(step)
         except StepFailure as failure:
-            if isinstance(failure, StepNotApplicable) and divergence is not None:
-                break  # the implementation went another way at the divergence: that is the finding
-            if judge_trace and divergence is None and (why := trace_fault(trace, index, observed)):
+            # judged whether or not an observable differed before: the reference judges by
+            # what the implementation showed, never by the trace's own `expect`, which may be
+            # what is wrong (then a later step the lifecycle forbids is the trace's fault too)
+            if judge_trace and (why := trace_fault(trace, index, observed)):
                 raise TraceError(f"step {index} (line {index + 2}: {step}) is not a step the spec's lifecycle "
                                  f"allows here: {why}; the trace is at fault, not the implementation: fix or drop "
                                  f"that step (mark a misuse the spec requires refused with \"refuse\": true)"
+                                 + (f"; its expect after step {divergence[0]} is not what the reference shows "
+                                    f"either ({differed})" if divergence is not None else "")
                                  ) from failure
+            if isinstance(failure, StepNotApplicable) and divergence is not None:
+                break  # the implementation went another way at the divergence: that is the finding
             return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
         observed.append(now)
         if compare and divergence is None and step.expect is not None and (difference := mismatch(step.expect, now)):
             divergence = index, InvariantViolation(f"after {step}, {difference} (the spec fixes it)", ["OBS-3"])
+            differed = difference
     if divergence is not None:
         at, failure = divergence
         return Replay(at, failure, stopped_at=at, tally=driver.tally, observed=observed)

@@ -10,7 +10,11 @@ and `violated` (the clauses the recorded implementation broke there).
 `schemas/trace.schema.json` (JSON Schema 2020-12, `$id` .../trace/1) is the format's
 contract, for any language. Loading a trace parses JSON and validates it against the
 schema, nothing else: a trace never executes code. A malformed trace raises TraceError
-naming the file, the line and what is wrong.
+naming the file, the line and what is wrong. JSON is read strictly where parsers of
+other languages differ (`read_json`): a key twice in one object is refused, an integral
+number written with a fraction or exponent (`16.0`, `1.6e1`) is the integer it is.
+Beyond the schema, what a trace shows wrong by itself is refused too (`config_problems`,
+`line_problem`), and a trace is at most MAX_STEPS steps long.
 """
 
 import json
@@ -18,6 +22,7 @@ import os
 import stat
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -26,8 +31,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.allocator import validate_pool_config
+from kvspec.spec.models import MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig
+from kvspec.spec.state import validate_state_grid
 from kvspec.spec.window import Policy, validate_window_config
 
 FORMAT_VERSION = 1
@@ -37,6 +44,18 @@ MAX_LINE = 1 << 20
 """Longest line accepted: a trace is small data, a huge line is a malformed file."""
 MAX_FILE = 64 << 20
 """Most bytes read of one trace (or index) file: what is longer is refused unread."""
+MAX_STEPS = 100_000
+"""Most steps of one trace, refused before any is parsed: the bytes bound alone lets a
+file hold a million short steps, which cost the harness minutes and gigabytes to validate
+(about 0.25 ms and 1.5 KB each) before the first ran. kvspec's vectors have tens of steps,
+a shrunk counterexample fewer; a long decode of 100,000 steps still fits."""
+MAX_CONFIG_SLOTS = 1 << 28
+"""Most slots (and pages, table entries, state slots) a trace's configuration may ask an
+engine to keep: its pools, and at the engine tier its request table (max_requests + 1
+rows of size_full + page_size slots, as SGLang's ReqToTokenPool and the reference keep
+it) and its state pool. The schema bounds each size alone (int32 slot ids), which still
+allows a table of 2^62 slots that nothing can build: such a trace is refused, instead of
+the adapter being blamed for not building it. 2^28 int64 entries are 2 GiB."""
 
 
 def kvspec_version() -> str:
@@ -58,6 +77,51 @@ OPERATIONS = {tier: tuple(SCHEMA["$defs"][f"{tier}_args"]) for tier in STEPS}
 
 class TraceError(ValueError):
     """A trace that cannot be read: what is wrong, and where."""
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names a key twice (read_json)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"key {key!r} appears twice in one object; parsers of other languages keep the first, "
+                         f"the last, or refuse it, so a kvspec trace or index names each key once: remove one")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's dict, refusing a key named twice (json's object_pairs_hook)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return document
+
+
+def integral(literal: str) -> int | float | Decimal:
+    """A JSON number written with a fraction or an exponent (json's parse_float): the int it
+    equals when it is integral, exactly (`16.0`, `1.6e1`, `9007199254740993.0`). JSON
+    Schema's "integer" is any number with a zero fraction, so `16.0` is a valid count by
+    the schema other languages replay against; kvspec reads it as that count rather than
+    passing a float to the implementation. Any other number is no integer, and must stay
+    one the schema refuses: a float with a fraction, or, where the float would round to an
+    integer (`16.0000000000000000001`, `1e-400`) or the number is past 10^19 (every integer
+    of the schema is below 2^63; `1e999999999` makes no int), the exact Decimal."""
+    value = Decimal(literal)
+    if value.adjusted() < 19 and value == value.to_integral_value():
+        return int(value)
+    number = float(literal)
+    return value if number.is_integer() else number
+
+
+def not_json(constant: str):
+    """NaN and Infinity, which Python's json reads but JSON does not have (parse_constant)."""
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def read_json(text: str):
+    """A JSON document, read as strictly as the trace and index formats require: no key
+    twice in an object (DuplicateKey), integral numbers as ints, no NaN or Infinity."""
+    return json.loads(text, object_pairs_hook=unique_keys, parse_float=integral, parse_constant=not_json)
 
 
 @dataclass(frozen=True)
@@ -149,16 +213,20 @@ def parse(text: str, source: str = "<trace>") -> Trace:
     lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:
         raise TraceError(f"{source}: empty; a trace starts with a header line (see {SCHEMA_ID})")
+    if len(lines) - 1 > MAX_STEPS:
+        raise too_long(source, len(lines) - 1)
     documents = []
     for number, line in lines:
         if len(line) > MAX_LINE:
             raise TraceError(f"{source} line {number}: longer than {MAX_LINE} characters")
         try:
-            documents.append((number, json.loads(line)))
+            documents.append((number, line, read_json(line)))
+        except DuplicateKey as error:
+            raise TraceError(f"{source} line {number}: {error}") from None
         except (ValueError, RecursionError) as error:  # ValueError: also an integer of thousands of digits
             raise TraceError(f"{source} line {number}: not JSON ({error}); a trace line is one JSON object "
                              f"(see {SCHEMA_ID})") from None
-    (number, header), steps = documents[0], documents[1:]
+    (number, _, header), steps = documents[0], documents[1:]
     if not isinstance(header, dict) or "kvspec_trace" not in header:
         raise TraceError(f"{source} line {number}: not a kvspec trace header (no 'kvspec_trace' key)")
     if header["kvspec_trace"] != FORMAT_VERSION:
@@ -166,27 +234,69 @@ def parse(text: str, source: str = "<trace>") -> Trace:
                          f"version {FORMAT_VERSION}")
     if errors := list(HEADER.iter_errors(header)):
         raise problem(f"{source} line {number} (header)", errors)
-    tier = header["tier"]
+    tier, config = header["tier"], header["config"]
+    if problems := config_problems(tier, config):
+        raise TraceError(f"{source} line {number} (header): invalid config: " + "; ".join(problems))
+    model = model_of_version(config["policy"]["version"], bool(config.get("state_slots"))) \
+        if tier == "engine" else None
     parsed = []
-    for number, step in steps:
-        if isinstance(step, dict) and isinstance(step.get("op"), str) and step["op"] not in OPERATIONS[tier]:
-            raise TraceError(f"{source} line {number}: unknown {tier} operation {step['op']!r}; "
-                             f"known: {', '.join(OPERATIONS[tier])}")
-        if errors := list(STEPS[tier].iter_errors(step)):
-            raise problem(f"{source} line {number}", errors)
+    checked: set[str] = set()  # lines already found valid: a long trace repeats its steps
+    for number, line, step in steps:
+        if line not in checked:
+            if isinstance(step, dict) and isinstance(step.get("op"), str) and step["op"] not in OPERATIONS[tier]:
+                raise TraceError(f"{source} line {number}: unknown {tier} operation {step['op']!r}; "
+                                 f"known: {', '.join(OPERATIONS[tier])}")
+            if errors := list(STEPS[tier].iter_errors(step)):
+                raise problem(f"{source} line {number}", errors)
+            if why := line_problem(tier, step, model, config):
+                raise TraceError(f"{source} line {number}: {why}")
+            checked.add(line)
         parsed.append(TraceStep(step["op"], step["args"], step.get("refuse", False), step.get("expect"),
                                 tuple(step.get("violated", ())), step.get("message")))
-    config = header["config"]
+    return Trace(tier, config, header["adapter"], tuple(parsed), header.get("seed"),
+                 header.get("label", ""), header.get("description", ""), header["kvspec_version"])
+
+
+def too_long(source: str, steps: int) -> TraceError:
+    return TraceError(f"{source}: {steps} steps, more than the {MAX_STEPS} kvspec reads of one trace; "
+                      f"split it into shorter traces")
+
+
+def config_problems(tier: str, config: dict[str, Any]) -> list[str]:
+    """What is wrong with a header's configuration (valid by the schema) by the spec's
+    rules (MODEL-4, STATE-3) and by MAX_CONFIG_SLOTS, as sentences that say how to fix it."""
     if tier == "scheduler":
         problems = validate_scheduler_config(SchedulerConfig(**{**config, "groups": tuple(config["groups"])}))
+        slots = {"pages": config["pages"]}
     else:
         problems = validate_pool_config(config["size_full"], config["size_swa"], config["page_size"])
+        slots = {"size_full": config["size_full"], "size_swa": config["size_swa"]}
     if tier == "engine":
         problems += validate_window_config(config["window"], config["page_size"], Policy(**config["policy"]))
-    if problems:
-        raise TraceError(f"{source} line {documents[0][0]} (header): invalid config: " + "; ".join(problems))
-    return Trace(tier, header["config"], header["adapter"], tuple(parsed), header.get("seed"),
-                 header.get("label", ""), header.get("description", ""), header["kvspec_version"])
+        slots["(max_requests + 1) x (size_full + page_size)"] = \
+            (config["max_requests"] + 1) * (config["size_full"] + config["page_size"])
+        if config.get("state_slots"):
+            problems += validate_state_grid(config.get("state_grid", 1), config["page_size"])
+            slots["state_slots"] = config["state_slots"]
+    if sum(slots.values()) > MAX_CONFIG_SLOTS:
+        problems.append(f"{' + '.join(slots)} = {sum(slots.values())}, more than the {MAX_CONFIG_SLOTS} slots kvspec "
+                        f"builds an implementation with (its pools, request table and state pool); use smaller sizes")
+    return problems
+
+
+def line_problem(tier: str, step: dict[str, Any], model: MemoryModel | None, config: dict[str, Any]) -> str | None:
+    """What a step line (valid by the schema) shows wrong by itself: a submission with
+    more outputs than its max_new_tokens (SCHED-4), an expectation of an observable the
+    header's memory model does not fix (OBS-3)."""
+    args = step["args"]
+    if tier == "scheduler" and step["op"] == "submit" and len(args["outputs"]) > args["max_new_tokens"]:
+        return (f"request {args['rid']!r} has {len(args['outputs'])} outputs, more than its max_new_tokens "
+                f"{args['max_new_tokens']}; a request ends at its max_new_tokens: drop the outputs past it")
+    if model is not None and (foreign := [key for key in step.get("expect") or () if key not in model.fixed]):
+        return (f"expect names {', '.join(foreign)}, which the {model.name} memory model of the header's policy "
+                f"version {config['policy']['version']} does not fix (it fixes {', '.join(model.fixed)}): "
+                f"the policy version or the expectations are wrong")
+    return None
 
 
 def read_bounded(path: str | Path, limit: int = MAX_FILE, what: str = "trace") -> bytes:

@@ -57,7 +57,19 @@ from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.scheduler_machine import scheduler_config_json, scheduler_machine
-from ..harness.trace import Trace, TraceError, TraceStep, engine_config_json, load, read_bounded, trace_files
+from ..harness.trace import (
+    MAX_STEPS,
+    DuplicateKey,
+    Trace,
+    TraceError,
+    TraceStep,
+    engine_config_json,
+    load,
+    read_bounded,
+    read_json,
+    too_long,
+    trace_files,
+)
 
 INDEX = "index.json"
 INDEX_VERSION = 1
@@ -296,6 +308,14 @@ INDEX_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "index.sch
 INDEX_VALIDATOR = Draft202012Validator(INDEX_SCHEMA)
 MAX_INDEX = 16 << 20
 """Most bytes read of an index.json: a vector takes about 130 bytes of it."""
+MAX_CORPUS_BYTES = 256 << 20
+"""Most bytes of traces read from one corpus: every file is read, checked against the
+index and parsed before the first runs, so the per-file bound alone would let a corpus of
+many files hold the harness's memory hostage. kvspec's own corpus is under 1 MiB."""
+MAX_CORPUS_STEPS = 4 * MAX_STEPS
+"""Most steps of all the traces of one corpus, counted before any is parsed (each costs the
+harness about 0.25 ms and 1.5 KB to validate and hold: this many, under two minutes and
+a GB). kvspec's own corpus has a few thousand."""
 
 
 def read_index(path: Path) -> dict[str, dict]:
@@ -304,10 +324,12 @@ def read_index(path: Path) -> dict[str, dict]:
     TraceError naming what is wrong."""
     data = read_bounded(path, MAX_INDEX, "index")
     try:
-        index = json.loads(data.decode("utf-8"))
+        index = read_json(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
                          f"rewrite it with `kvspec vectors --out DIR`") from None
+    except DuplicateKey as error:
+        raise TraceError(f"{path}: {error}, or rewrite it with `kvspec vectors --out DIR`") from None
     except (ValueError, RecursionError) as error:
         raise TraceError(f"{path}: not JSON ({error}); rewrite it with `kvspec vectors --out DIR`") from None
     if errors := list(INDEX_VALIDATOR.iter_errors(index)):
@@ -327,18 +349,20 @@ def read_index(path: Path) -> dict[str, dict]:
 def corpus(target: Path) -> dict[Path, Trace]:
     """The traces to replay: a trace file, or every *.jsonl of a directory, each read once
     (read_bounded: regular files only, at most a bound) and parsed. Where the directory
-    (or the file's own directory) has an index, it must match: a listed vector missing,
-    altered (SHA-256) or of another step count, or one not listed, is an error
-    (TraceError). A file the index does not list, replayed alone, is not checked."""
-    directory = target if target.is_dir() else target.parent
+    (or the file's own directory: of a link named on the command line, the directory of
+    the file it leads to) has an index, it must match: a listed vector missing, altered
+    (SHA-256) or of another step count, or one not listed, is an error (TraceError). A
+    file the index does not list, replayed alone, is not checked. At most MAX_CORPUS_BYTES
+    and MAX_CORPUS_STEPS in all, checked before any trace is parsed."""
     files = trace_files(target)
+    directory = target if target.is_dir() else files[0].parent
     listed = read_index(directory / INDEX) if os.path.lexists(directory / INDEX) else None
     if listed is not None and not target.is_dir():
         if files[0].name not in listed:
             listed = None
         else:
             listed = {files[0].name: listed[files[0].name]}
-    data = {path: read_bounded(path) for path in files}
+    data = bounded_corpus(directory, files)
     if listed is None:
         return {path: load(path, content) for path, content in data.items()}
     by_name = {path.name: path for path in files}
@@ -353,3 +377,24 @@ def corpus(target: Path) -> dict[Path, Trace]:
         raise TraceError(f"{directory}: corpus does not match its index: " + "; ".join(problems)
                          + "; write the corpus again with `kvspec vectors --out DIR`")
     return traces
+
+
+def bounded_corpus(directory: Path, files: list[Path]) -> dict[Path, bytes]:
+    """The bytes of every file, read_bounded each, within MAX_CORPUS_BYTES in all and
+    MAX_CORPUS_STEPS lines (a step is a line), else TraceError before anything is parsed."""
+    data: dict[Path, bytes] = {}
+    total = steps = 0
+    for path in files:
+        data[path] = content = read_bounded(path)
+        total += len(content)
+        if total > MAX_CORPUS_BYTES:
+            raise TraceError(f"{directory}: its traces hold more than {MAX_CORPUS_BYTES} bytes, more than kvspec "
+                             f"reads of one corpus; replay it in parts (a file, or a directory of fewer traces)")
+        lines = len([line for line in content.split(b"\n") if line.strip()])
+        if lines - 1 > MAX_STEPS:  # less the header
+            raise too_long(str(path), lines - 1)
+        steps += lines - 1
+        if steps > MAX_CORPUS_STEPS:
+            raise TraceError(f"{directory}: its traces hold more than {MAX_CORPUS_STEPS} steps, more than kvspec "
+                             f"replays of one corpus; replay it in parts (a file, or a directory of fewer traces)")
+    return data
