@@ -51,7 +51,7 @@ def positive_number(unit: str, most: float = math.inf):
         if not 0 < value < math.inf:
             raise argparse.ArgumentTypeError(f"{text} {unit}: give a finite number above 0")
         if value > most:
-            raise argparse.ArgumentTypeError(f"{text} {unit}: at most {most:g} {unit}")
+            raise argparse.ArgumentTypeError(f"{text} {unit}: give at most {most:.15g} {unit}")
         return value
     return parse
 
@@ -84,6 +84,14 @@ def pictures(plot: str | None, names: list[str]) -> dict[str, str | None]:
         return {names[0]: plot}
     path = Path(plot)
     return {name: str(path.with_name(f"{path.stem}-{name}{path.suffix}")) for name in names}
+
+
+def shown(path: str) -> str:
+    """A path kvspec wrote, as the user would type it: relative to the current folder when
+    it is inside it (kvspec keeps its output paths absolute: an implementation may change
+    its worker's folder)."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def declarations(specs: list[str], args) -> tuple[Declaration, ...]:
@@ -124,11 +132,11 @@ def check(args) -> int:
         if result.message:
             print("    " + result.message.replace("\n", "\n    "))
         if result.trace:
-            print(f"    trace ({result.trace_steps} steps): {result.trace}\n"
-                  f"    replay: kvspec replay {result.trace} --adapter {result.replay_adapter or args.adapter}",
+            print(f"    trace ({result.trace_steps} steps): {shown(result.trace)}\n"
+                  f"    replay: kvspec replay {shown(result.trace)} --adapter {result.replay_adapter or args.adapter}",
                   flush=True)
         if result.picture:
-            print(f"    picture: {result.picture}", flush=True)
+            print(f"    picture: {shown(result.picture)}", flush=True)
 
     interrupted = None
     try:
@@ -173,7 +181,7 @@ def write_reports(report: CheckReport, outputs) -> int:
             print(f"kvspec: cannot write {path}: {error.strerror or error}; the report is lost", file=sys.stderr)
             status = status or 2
             continue
-        print(f"wrote {path}")
+        print(f"wrote {shown(path)}")
     return status
 
 
@@ -266,7 +274,7 @@ def replay_command(args) -> int:
         finished += 1
         print(f"{'ok  ' if consumed else 'FAIL'} {path.name}: {verdict}".replace("\n", "\n     "), flush=True)
         if picture:
-            print(f"     picture: {picture}", flush=True)
+            print(f"     picture: {shown(picture)}", flush=True)
         if drawing:
             print(f"     ({drawing})", flush=True)
 

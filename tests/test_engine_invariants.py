@@ -17,6 +17,7 @@ import pytest
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.invariants import INVARIANTS, engine_violations
+from kvspec.spec.registry import InvalidInvariant
 from kvspec.spec.outcomes import Outcome
 from kvspec.spec.registry import INVARIANT_CLASSES
 from kvspec.spec.snapshot import EngineConfig, Ledgers, NodeView, RequestView, Step, TwoPoolSnapshot
@@ -157,7 +158,7 @@ def test_every_check_names_its_clause_first_in_its_docstring():
 
 
 def test_an_unknown_class_fails_at_definition_time():
-    with pytest.raises(AssertionError, match="unknown invariant class"):
+    with pytest.raises(InvalidInvariant, match="unknown invariant class"):
         replace(INVARIANTS[0], invariant_class="speed")
 
 

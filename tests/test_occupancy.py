@@ -269,8 +269,8 @@ def test_check_with_plot_writes_a_png_per_run_and_prints_its_path(tmp_path):
 
 def test_several_runs_or_traces_get_one_picture_each_named_after_it():
     assert pictures(None, ["allocator-p-4"]) == {"allocator-p-4": None}
-    assert pictures(Path("out/x.png"), ["allocator-p-4"]) == {"allocator-p-4": "out/x.png"}
-    assert pictures(Path("out/x.png"), ["allocator-p-4", "engine-p-4-w-6-i-4"]) == {
+    assert pictures("out/x.png", ["allocator-p-4"]) == {"allocator-p-4": "out/x.png"}
+    assert pictures("out/x.png", ["allocator-p-4", "engine-p-4-w-6-i-4"]) == {
         "allocator-p-4": "out/x-allocator-p-4.png", "engine-p-4-w-6-i-4": "out/x-engine-p-4-w-6-i-4.png"}
 
 

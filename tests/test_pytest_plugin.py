@@ -30,7 +30,8 @@ def plugin_arguments() -> tuple[str, ...]:
 
 PLUGIN = plugin_arguments()
 # One run of each tier, so that both kinds of item run without running all ten.
-ONE_PER_TIER = ("-m", "kvspec(tier='allocator', P=4) or kvspec(tier='engine', P=4, W=6)")
+ONE_PER_TIER = ("-m", "kvspec(tier='allocator', P=4) or kvspec(tier='engine', P=4, W=6, state=False, "
+                      "model='two-pool')")
 QUICK = ("--kvspec-profile=quick", "--kvspec-seed=1")
 
 
@@ -59,8 +60,11 @@ def test_a_leaky_adapter_fails_naming_the_clause_and_the_shrunk_calls(pytester, 
     result = pytester.runpytest(*PLUGIN, "--kvspec-adapter=sample_adapters:LEAKY", *QUICK, "-rfs",
                                 "--kvspec-shrink-seconds=5", "-m", "kvspec(P=1) or kvspec(lacks='engine tier')")
     result.assert_outcomes(failed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*[[]I2] full pool*leaked pages*", "state = AllocatorMachine*",
-                                 "free_segment(*", "FAILED kvspec[[]allocator P=1] - *[[]I2]*"])
+    # the same runner as kvspec check: the shrunk steps, saved as a trace that kvspec replay reproduces
+    result.stdout.fnmatch_lines(["*[[]I2] full pool*leaked pages*", "shrunk steps (*), saved as *kvspec-traces/*.jsonl:",
+                                 "  free_sequence(*", "replay: kvspec replay *--adapter sample_adapters:LEAKY",
+                                 "FAILED kvspec[[]allocator P=1] - *[[]I2]*"])
+    assert list((pytester.path / "kvspec-traces").glob("*.jsonl"))
     # LEAKY has no engine tier: reported as skipped, never as passed.
     result.stdout.fnmatch_lines(["SKIPPED [[]1] *: adapter has no engine tier"])
     # The suite's own stack would not help an implementer: only the clause and the calls.

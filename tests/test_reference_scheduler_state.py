@@ -14,7 +14,8 @@ from kvspec.conformance.harness.checks import InvariantViolation
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.scheduler_driver import SchedulerDriver
 from kvspec.conformance.harness.trace import TraceStep
-from kvspec.conformance.runs.jobs import Job, check_job, machines, skipped_runs
+from kvspec.conformance.runs.plan import plan
+from kvspec.conformance.runs.runner import Job, check_job
 from kvspec.reference.scheduler import ReferenceScheduler
 from kvspec.spec.block_pool import FULL, NULL_BLOCK, SWA, PartialBlocks
 from kvspec.spec.scheduler import STATE, SchedulerConfig
@@ -103,10 +104,10 @@ def test_sched_9_the_reference_runs_its_state_runs(tmp_path):
     """[SCHED-9] The reference declares state_group: its scheduler+state runs are made, not
     skipped, and one passes at the quick profile with every state check counted."""
     reference = load_adapter("reference")
-    assert "state_group" in reference.capabilities and "state_group" not in skipped_runs(reference)
-    labels = [label for label, _ in machines(reference)]
-    assert {"scheduler+state P=1 W=3", "scheduler+state P=4 W=7"} <= set(labels)
-    result = check_job(Job("reference", "scheduler+state P=4 W=7", "quick", 0, str(tmp_path)))
+    planned = plan(reference)
+    assert "state_group" in reference.capabilities and "state_group" not in [s.what for s in planned.skipped]
+    assert {"scheduler+state P=1 W=3", "scheduler+state P=4 W=7"} <= set(planned.labels)
+    result = check_job(Job("reference", planned.named("scheduler+state P=4 W=7"), "quick", 0, str(tmp_path)))
     assert result.verdict == "ok", result.message
     assert result.tallies["state"].checked > 0 and result.tallies["state"].violated == 0
 
@@ -140,7 +141,7 @@ def test_the_state_vectors_need_state_group_and_replay_on_the_reference():
     checked, and an adapter without state_group has them skipped, not failed."""
     from dataclasses import replace
 
-    from kvspec.conformance.harness.families import SCHEDULER_STATE_CONFIGS
+    from kvspec.conformance.harness.declarations import SCHEDULER_STATE_CONFIGS
     from kvspec.conformance.harness.replay import replay, unmet_requirements
     from kvspec.conformance.harness.trace import load
 

@@ -137,7 +137,7 @@ class Declaration:
         check runs each model's runs at it."""
         firsts: dict[str, PolicyVersion] = {}
         for version in self.policy_versions or (self.policy_version,):
-            firsts.setdefault(version.model_name, version)
+            firsts.setdefault(PolicyVersion(version).model_name, PolicyVersion(version))
         return tuple(firsts.values())
 
     def for_version(self, version: str):
