@@ -106,10 +106,9 @@ def check(args) -> int:
     if args.run:
         the_plan = the_plan.select(args.run)
     drawn = pictures(args.plot, [slug(label) for label in the_plan.labels])
-    started_at = time.time()
     jobs = [Job(args.adapter, planned, args.profile, args.seed, args.traces, args.differential, not args.no_shrink,
                 shrink_seconds=args.shrink_seconds, example_database=args.example_database,
-                picture=drawn[slug(planned.label)], adapter_name=adapter.name, started=started_at)
+                picture=drawn[slug(planned.label)], adapter_name=adapter.name)
             for planned in the_plan.runs]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",

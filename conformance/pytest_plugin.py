@@ -182,14 +182,11 @@ class ConformanceRun(pytest.Item):
         self.runs = runs
 
     def runtest(self) -> None:
-        import time
-
         from kvspec.conformance.runs.runner import Job, check_job
 
         runs = self.runs
         result = check_job(Job(runs.adapter_spec, self.planned, runs.profile_name, runs.seed, runs.traces,
-                               shrink_seconds=runs.shrink_seconds, adapter_name=runs.adapter.name,
-                               started=time.time()))
+                               shrink_seconds=runs.shrink_seconds, adapter_name=runs.adapter.name))
         if result.verdict != "ok":
             raise ConformanceFailure(result, runs.adapter_spec)
 

@@ -22,7 +22,15 @@ from kvspec.spec.invariants.allocator import AllocatorView
 from kvspec.spec.outcomes import KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
-from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally, leak_clauses
+from .checks import (
+    Checks,
+    ImplementationCrash,
+    InvariantViolation,
+    StepNotApplicable,
+    Tally,
+    leak_clauses,
+    raised_by_the_implementation,
+)
 from .snapshot_shape import shape_problem
 from .trace import TraceStep
 
@@ -84,7 +92,9 @@ class AllocatorDriver:
             if refusal:
                 raise
             raise ImplementationCrash(f"{operation}{args} raised although the call is valid", ["ALLOC-5"])
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"{operation}{args} raised {type(error).__name__}: {error}") from error
         if operation in ALLOCATIONS and not isinstance(result, OutOfMemory):
             # named like a snapshot's field: a tensor or an iterator would otherwise be

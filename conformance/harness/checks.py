@@ -13,6 +13,7 @@ sequence or request the implementation does not have: it diverged earlier).
 """
 
 import os
+import signal
 from collections import Counter
 from collections.abc import Iterable
 
@@ -49,6 +50,16 @@ class ImplementationCrash(StepFailure):
     """The implementation raised an exception the spec does not allow for this call."""
 
     kind = "crashed"
+
+
+def raised_by_the_implementation(error: BaseException) -> bool:
+    """Whether an exception that reached the harness from an implementation's call is the
+    implementation's to answer for: any Exception, and a BaseException it raised itself
+    (GeneratorExit, SystemExit, a KeyboardInterrupt of its own), except Ctrl-C where it
+    reaches this process (a worker ignores SIGINT; pytest's own process does not)."""
+    if isinstance(error, KeyboardInterrupt):
+        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    return True
 
 
 class StepNotApplicable(StepFailure):

@@ -16,7 +16,14 @@ from kvspec.spec.models import MemoryModel
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
 
-from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally
+from .checks import (
+    Checks,
+    ImplementationCrash,
+    InvariantViolation,
+    StepNotApplicable,
+    Tally,
+    raised_by_the_implementation,
+)
 from .protocol import PARAMETERS
 from .trace import TraceStep
 
@@ -42,7 +49,9 @@ class EngineDriver:
     def snapshot(self, whole: bool = True) -> EngineSnapshot:
         try:
             snapshot = self.engine.snapshot() if whole else self.engine.partial_snapshot()
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
         if not isinstance(snapshot, self.model.snapshot_type):
             raise ImplementationCrash(f"snapshot() returned a {type(snapshot).__name__}, but the adapter declares the "
@@ -77,7 +86,9 @@ class EngineDriver:
                                      ["LIFE-1"]) from error
         except KvSpecError as error:
             raise ImplementationCrash(f"{operation} raised {type(error).__name__}: {error}", ["LIFE-1"]) from error
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"{operation} raised {type(error).__name__}: {error}") from error
         failed = isinstance(result, OutOfMemory)
         if failed:
@@ -109,7 +120,9 @@ class EngineDriver:
             getattr(self.engine, step.op)(*(step.args[name] for name in PARAMETERS[step.op]))
         except InvalidRequest as error:
             self.log(f"  refused: {error}")
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"{step} raised {type(error).__name__}: {error} instead of InvalidRequest",
                                       ["LIFE-1"]) from error
         else:

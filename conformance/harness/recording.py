@@ -12,6 +12,7 @@ page counts each step shows tell (the longest is no good: Hypothesis' simplest e
 repeat one refused call). Keeping it costs a reference to a list already made.
 """
 
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -77,13 +78,16 @@ class RecordingMachine(RuleBasedStateMachine):
 
     def run(self, op: str, refuse: bool = False, **args) -> dict[str, Any]:
         cls = type(self)
-        step = TraceStep(op, args, refuse)
+        # the trace keeps its own copy of the arguments, and the implementation gets another:
+        # an engine that keeps the prompt list it is given and extends it (its outputs) must
+        # not change what the counterexample says was asked, nor what the machine drew
+        step = TraceStep(op, copy.deepcopy(args), refuse)
         cls.recorded.append(step)
         if cls.journal:
             cls.journal("step", step)
         note(str(step))
         try:
-            observed = self.driver.apply(step)
+            observed = self.driver.apply(replace(step, args=copy.deepcopy(args)))
         except StepFailure as failure:
             cls.recorded[-1] = replace(step, violated=failure.clauses or (failure.kind,), message=str(failure))
             if cls.first_failure_seconds is None:

@@ -8,6 +8,7 @@ that shows them when no later step breaks a clause (a divergence often leads to 
 which is then the finding) or when a later step cannot be applied.
 """
 
+import copy
 from dataclasses import dataclass, replace
 
 from kvspec.spec.models import model_for
@@ -151,7 +152,7 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         if journal is not None:
             journal("step", step)
         try:
-            now = driver.apply(step)
+            now = driver.apply(replace(step, args=copy.deepcopy(step.args)))  # the trace stays what it says
         except StepFailure as failure:
             # judged whether or not an observable differed before: the reference judges by
             # what the implementation showed, never by the trace's own `expect`, which may be

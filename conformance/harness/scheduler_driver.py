@@ -41,7 +41,14 @@ from kvspec.spec.scheduler import (
 )
 from kvspec.spec.snapshot import Step
 
-from .checks import Checks, ImplementationCrash, InvariantViolation, StepNotApplicable, Tally
+from .checks import (
+    Checks,
+    ImplementationCrash,
+    InvariantViolation,
+    StepNotApplicable,
+    Tally,
+    raised_by_the_implementation,
+)
 from .trace import TraceStep
 
 
@@ -72,7 +79,9 @@ class SchedulerDriver:
     def view(self) -> SchedulerView:
         try:
             view = self.scheduler.snapshot()
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"snapshot() raised {type(error).__name__}: {error}", ["OBS-1"]) from error
         if not isinstance(view, SchedulerView):
             raise ImplementationCrash(f"snapshot() returned a {type(view).__name__}, but a scheduler shows a "
@@ -104,7 +113,9 @@ class SchedulerDriver:
         self.log(f"{operation}({', '.join(map(repr, args))})")
         try:
             return getattr(self.scheduler, operation)(*args)
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - what the implementation raised
+            if not raised_by_the_implementation(error):
+                raise
             raise ImplementationCrash(f"{operation}{args} raised {type(error).__name__}: {error}") from error
 
     def apply(self, step: TraceStep) -> dict[str, Any]:

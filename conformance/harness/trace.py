@@ -37,6 +37,8 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import validate_state_grid
 from kvspec.spec.window import Policy, validate_window_config
 
+from .outputs import write_text
+
 FORMAT_VERSION = 1
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "trace.schema.json").read_text())
 SCHEMA_ID = SCHEMA["$id"]
@@ -185,10 +187,8 @@ class Trace:
         return "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.dumps())
-        return path
+        """Write the trace to `path` (a link planted at the name is replaced, never followed)."""
+        return write_text(path, self.dumps())
 
 
 def engine_config_json(config: EngineConfig) -> dict[str, Any]:

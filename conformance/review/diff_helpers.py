@@ -33,6 +33,7 @@ import json
 import tempfile
 from typing import Any
 
+from ..harness.outputs import output_file, write_text
 from ..harness.protocol import AdapterError
 from .crosshair_diff import DEFAULT_PER_CONDITION_TIMEOUT, HelperComparison, crosshair_options, diff_pair
 from .helper_pairs import adapter_helpers, validate_helpers
@@ -61,8 +62,7 @@ def write_json(path: str, adapter: str, comparisons: list[HelperComparison], sta
     report = {"command": "diff-helpers", "adapter": adapter, "exit_status": status,
               "crosshair_options": crosshair_options(args),
               "helpers": [dataclasses.asdict(comparison) for comparison in comparisons]}
-    with open(path, "w") as file:
-        json.dump(report, file, indent=2)
+    write_text(path, json.dumps(report, indent=2))
 
 
 def run(args) -> int:
@@ -126,7 +126,7 @@ def add_command(subparsers) -> Any:
     parser.add_argument("--helper-timeout", type=float, metavar="SECONDS",
                         help="wall-clock limit per helper, after which it is an error "
                              "(default: 3 x the CPU budget + 60, or 600 with iterations alone)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--json", metavar="FILE", type=output_file, help="also write the results as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="print CrossHair's output for helpers it could not compare")
     parser.set_defaults(func=run)
     return parser

@@ -28,6 +28,7 @@ from kvspec.spec.clauses import (
     resolve,
 )
 
+from ..harness.outputs import output_directory, write_text
 from .clause_coverage import KINDS, SOURCE_ROOT, Citation, Coverage, coverage, default_tests_folder
 
 TITLE = "kvspec: the specification"
@@ -192,8 +193,8 @@ def write(out: Path, tests: Path) -> tuple[list[Path], list[str]]:
     out.mkdir(parents=True, exist_ok=True)
     document = markdown(cov, os.path.relpath(SOURCE_ROOT, out.resolve()))
     written = [out / "spec.md", out / "spec.html"]
-    written[0].write_text(document, encoding="utf-8")
-    written[1].write_text(render_html(document), encoding="utf-8")
+    write_text(written[0], document)
+    write_text(written[1], render_html(document))
     return written, cov.problems()
 
 
@@ -216,7 +217,7 @@ def run(args) -> int:
 
 def add_command(commands):
     parser = commands.add_parser("spec", help="render the spec with its clause coverage (HTML and Markdown)")
-    parser.add_argument("--out", default="kvspec-spec", metavar="DIR",
+    parser.add_argument("--out", default="kvspec-spec", metavar="DIR", type=output_directory,
                         help="where to write spec.md and spec.html (default: kvspec-spec)")
     parser.add_argument("--tests", metavar="DIR", help="the project's tests folder (default: tests/ of the checkout)")
     parser.set_defaults(func=run)

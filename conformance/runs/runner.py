@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -43,7 +45,6 @@ from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, Declaration, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.trace import Trace, load
-from ..harness.outputs import write_text
 from ..reports.model import ClassTally, RunResult
 from ..review.occupancy import timeline
 from ..review.occupancy_plot import draw
@@ -125,9 +126,6 @@ class Job:
     """A directory of Hypothesis' failing examples to try first and add to, or None (profiles.py)."""
     adapter_name: str = ""
     """The adapter's declared name (for the trace of a run lost with its worker)."""
-    started: float = 0.0
-    """When the command started (time.time()): a trace file of this run written since is
-    another check's, running beside it, and never overwritten (trace_path)."""
 
     @property
     def label(self) -> str:
@@ -145,21 +143,31 @@ def slug(text: str) -> str:
 
 
 def trace_path(job: Job) -> Path:
-    """Where the run's trace goes: `<adapter>-<run>.jsonl` in the traces folder, or, where a
-    check running beside this one wrote that file since this one started, the first free
-    `<adapter>-<run>-N.jsonl`: two checks sharing a folder never overwrite each other's."""
-    stem = Path(job.traces) / f"{slug(job.adapter)}-{slug(job.label)}"
-    path, number = stem.with_suffix(".jsonl"), 1
-    while os.path.lexists(path) and os.lstat(path).st_mtime >= job.started:
-        number += 1
-        path = stem.parent / f"{stem.name}-{number}.jsonl"
-    return path
+    """Where the run's trace goes: `<adapter>-<run>.jsonl` in the traces folder."""
+    return Path(job.traces) / f"{slug(job.adapter)}-{slug(job.label)}.jsonl"
 
 
 def write_trace(trace: Trace, job: Job) -> str:
-    """Save the trace where trace_path says (a link planted at that name is replaced, never
-    followed: outputs.write_text)."""
-    return str(write_text(trace_path(job), trace.dumps()))
+    """Save the trace at trace_path, or, where anything is at that name already (an earlier
+    check's trace, one of a check running beside this one, a link planted there), at the
+    first free `<adapter>-<run>-N.jsonl`: a trace never replaces a file, never writes
+    through a link, and the path a report names always holds its own trace."""
+    path = trace_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, written = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(trace.dumps())
+        number = 1
+        while True:
+            try:
+                os.link(written, path)  # fails where anything is at the name: nothing is replaced
+                return str(path)
+            except FileExistsError:
+                number += 1
+                path = trace_path(job).with_name(f"{trace_path(job).stem}-{number}.jsonl")
+    finally:
+        os.remove(written)
 
 
 def tallies(machine) -> tuple[dict[str, ClassTally], dict[str, str]]:
@@ -290,7 +298,12 @@ def picture(job: Job, trace: Trace, adapter: Adapter) -> tuple[str | None, str]:
 
 
 def isolated_check(job: Job, journal: Journal) -> RunResult:
-    """A worker's job."""
+    """A worker's job. Hypothesis keeps a cache of constants in `.hypothesis/` of the current
+    folder; a check writes only where it is told (its traces, its reports), so the cache goes
+    to a folder of kvspec's in the temporary directory, unless HYPOTHESIS_STORAGE_DIRECTORY
+    names one."""
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        set_hypothesis_home_dir(Path(tempfile.gettempdir()) / f"kvspec-hypothesis-{os.getuid()}")
     return check_job(job, journal)
 
 

@@ -142,9 +142,8 @@ def run_zoo(chosen: list[Specimen], profile: str, seed: int | None, traces: str,
     interruption raises)."""
     specs = list(dict.fromkeys(specimen.adapter for specimen in chosen))
     declarations = dict(zip(specs, declared(specs, load_seconds)))
-    started = time.time()
     jobs = {Job(specimen.adapter, plan(declarations[specimen.adapter]).of(specimen.exposed_by), profile, seed, traces,
-                shrink_seconds=shrink_seconds, adapter_name=declarations[specimen.adapter].name, started=started):
+                shrink_seconds=shrink_seconds, adapter_name=declarations[specimen.adapter].name):
             specimen for specimen in chosen}
     results = {} if results is None else results
 

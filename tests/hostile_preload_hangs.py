@@ -1,0 +1,2 @@
+import threading
+threading.Event().wait()

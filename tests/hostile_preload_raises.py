@@ -1,0 +1,1 @@
+raise RuntimeError("preload module raised at import")
