@@ -199,3 +199,17 @@ def test_a_trace_not_listed_replayed_alone_is_not_checked(tree, capsys):
     status, out, _ = replay(capsys, str(extra))
     assert status == 0 and "ok   extra.jsonl" in out, out
     assert load(extra) == load(tree / "divergences" / "sglang" / "SGL-1.jsonl")
+
+
+def test_a_directory_above_a_tree_checks_each_trace_against_its_own_trees_index(tree, capsys):
+    """Replaying a folder that holds a tree and loose traces: the loose ones have no index
+    and are not checked, the tree's are checked against its index (an altered one found)."""
+    loose = tree.parent / "loose"
+    loose.mkdir()
+    shutil.copy(tree / "divergences" / "sglang" / "SGL-1.jsonl", loose / "mine.jsonl")
+    status, out, _ = replay(capsys, str(tree.parent))
+    assert status == 0 and "4 of 4 trace(s)" in out and "ok   loose/mine.jsonl" in out, out
+    (tree / "divergences" / "sglang" / "SGL-1.jsonl").unlink()
+    status, _, err = replay(capsys, str(tree.parent))
+    assert status == 2 and f"{tree / INDEX}: the traces of its tree do not match it: " \
+                           "divergences/sglang/SGL-1.jsonl is listed but missing" in err, err

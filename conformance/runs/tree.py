@@ -14,12 +14,12 @@ language how to read it), laid out by what each trace is:
 and one `index.json` at its root lists every trace by its path relative to the root, with
 its step count and SHA-256, so a replay notices a trace that is missing, altered or not
 listed (schemas/index.schema.json, version 2; version 1 is a flat directory of plain
-names). Replaying a directory replays every trace under it, checked against the index of
-the tree that holds it: the nearest `index.json` in that directory or above it. A trace
-named alone is checked against that index where it lists the trace. Nothing is read
-through a link inside a tree, every file is a regular file read within a bound, and the
-whole replay within MAX_CORPUS_BYTES and MAX_CORPUS_STEPS, counted before any trace is
-parsed.
+names). Replaying a directory replays every trace under it, each checked against the
+index of the tree that holds it: the nearest `index.json` in its directory or above it;
+every trace that index lists under the directory must be there. A trace named alone is
+checked against that index where it lists the trace. Nothing is read through a link
+inside a tree, every file is a regular file read within a bound, and the whole replay
+within MAX_CORPUS_BYTES and MAX_CORPUS_STEPS, counted before any trace is parsed.
 
 The tree ships with kvspec (the package `kvspec.vectors`, from the repository's
 `vectors/`), so TREE is the repository's `vectors/` in a checkout and the installed copy
@@ -103,7 +103,7 @@ def tree_files(directory: Path) -> list[Path]:
 def relative(path: Path, root: Path) -> str:
     """The path of a trace as an index lists it: relative to the tree's root, with forward
     slashes (the directories resolved, the file itself never: a link stays a link)."""
-    return PurePosixPath(Path(os.path.realpath(path.parent), path.name).relative_to(root)).as_posix()
+    return PurePosixPath(real(path).relative_to(root)).as_posix()
 
 
 # -- the index -----------------------------------------------------------------------------------------
@@ -158,30 +158,46 @@ def index_entries(path: Path, index) -> dict[str, dict]:
     return listed
 
 
-def covering_index(directory: Path) -> tuple[Path, dict[str, dict]] | tuple[None, None]:
-    """The index of the tree that holds `directory`: the nearest index.json in it or above
-    it, and its root; (None, None) where there is none. An index.json above the directory
-    that is JSON but no kvspec index (another tool's) is passed over; one in the directory
-    itself must be a kvspec index, and any that says it is one must be valid."""
-    start = Path(os.path.realpath(directory))
-    for root in (start, *start.parents):
-        if not os.path.lexists(root / INDEX):
-            continue
-        document = index_document(root / INDEX)
-        if is_index(document) or root == start:
-            return root, index_entries(root / INDEX, document)
-    return None, None
+class Indexes:
+    """The index of the tree that holds each directory of a replay: the nearest index.json
+    in that directory or above it, each read once. One at or below the directory replayed
+    must be a kvspec index; one above it that is JSON but no kvspec index (another tool's)
+    is passed over; any that says it is kvspec's must be valid."""
+
+    def __init__(self, replayed: Path):
+        self.replayed = Path(os.path.realpath(replayed))
+        self.read: dict[Path, dict[str, dict] | None] = {}
+        self.nearest: dict[Path, Path | None] = {}
+
+    def root_of(self, directory: Path) -> Path | None:
+        """The root of the tree that holds `directory`, or None where none does."""
+        directory = Path(os.path.realpath(directory))
+        if directory not in self.nearest:
+            self.nearest[directory] = next((root for root in (directory, *directory.parents)
+                                            if self.entries(root) is not None), None)
+        return self.nearest[directory]
+
+    def entries(self, root: Path) -> dict[str, dict] | None:
+        """The entries of root/index.json by path; None where there is none, or another tool's."""
+        if root not in self.read:
+            self.read[root] = None
+            if os.path.lexists(root / INDEX):
+                document = index_document(root / INDEX)
+                inside = root == self.replayed or self.replayed in root.parents
+                if is_index(document) or inside:
+                    self.read[root] = index_entries(root / INDEX, document)
+        return self.read[root]
 
 
 # -- what a replay reads ---------------------------------------------------------------------------
 
 def corpus(target: Path) -> dict[Path, Trace]:
     """The traces to replay: a trace file, or every trace under a directory (tree_files),
-    each read once (read_bounded: regular files only, at most a bound) and parsed. Where
-    the tree has an index (covering_index; of a link named on the command line, the tree
-    of the file it leads to), it must match: a trace it lists under the directory that is
-    missing, altered (SHA-256) or of another step count, or a trace there it does not
-    list, is an error (TraceError). A file the index does not list, replayed alone, is not
+    each read once (read_bounded: regular files only, at most a bound) and parsed. Each is
+    checked against the index of the tree that holds it (Indexes; of a link named on the
+    command line, the tree of the file it leads to): a trace it does not list, one altered
+    (SHA-256) or of another step count, or one it lists under the directory replayed that
+    is missing, is an error (TraceError). A file no index lists, replayed alone, is not
     checked. At most MAX_CORPUS_BYTES and MAX_CORPUS_STEPS in all, checked before any
     trace is parsed."""
     target = Path(target)
@@ -192,35 +208,41 @@ def corpus(target: Path) -> dict[Path, Trace]:
         start = files[0].parent
     else:
         raise TraceError(f"no such trace file or directory: {target}")
-    root, listed = covering_index(start)
     data = bounded_corpus(start, files)
-    if listed is None:
-        return {path: load(path, content) for path, content in data.items()}
-    by_path = {relative(path, root): path for path in files}
-    if target.is_dir():
-        listed = {name: entry for name, entry in listed.items() if name.startswith(prefix(target, root))}
-    else:
-        listed = {name: entry for name, entry in listed.items() if name in by_path}
-        if not listed:
-            return {path: load(path, content) for path, content in data.items()}
-    problems = [f"{name} is listed but missing" for name in listed if name not in by_path]
-    problems += [f"{name} is not listed in {INDEX}" for name in by_path if name not in listed]
-    problems += [f"{name} was altered (its SHA-256 differs from the index)" for name, entry in listed.items()
-                 if name in by_path and sha256(data[by_path[name]]) != entry["sha256"]]
-    traces = {} if problems else {path: load(path, content) for path, content in data.items()}
-    problems += [f"{name} has {len(traces[path].steps)} steps, the index lists {listed[name]['steps']}"
-                 for name, path in by_path.items()
-                 if path in traces and len(traces[path].steps) != listed[name]["steps"]]
-    if problems:
-        raise TraceError(f"{root}: the traces do not match its {INDEX}: " + "; ".join(problems)
-                         + "; write the tree's index again with `kvspec vectors --out DIR`")
+    indexes = Indexes(start)
+    listed = {}  # each trace its tree's index holds: (its path there, the tree's root)
+    problems: dict[Path, list[str]] = {}  # by the root of the tree whose index they contradict
+    for path in files:
+        if (root := indexes.root_of(path.parent)) is None:
+            continue
+        if (name := relative(path, root)) in indexes.entries(root):
+            listed[path] = name, root
+        elif target.is_dir():  # alone, a trace its index does not list is not checked
+            problems.setdefault(root, []).append(f"{name} is not listed in {INDEX}")
+    if target.is_dir():  # every trace listed under the directory is there
+        within, found = Path(os.path.realpath(start)), {real(path) for path in files}
+        for root in {indexes.root_of(start), *(root for _, root in listed.values())} - {None}:
+            problems.setdefault(root, []).extend(
+                f"{name} is listed but missing" for name in indexes.entries(root)
+                if (root / name).is_relative_to(within) and root / name not in found)
+    for path, (name, root) in listed.items():
+        if sha256(data[path]) != indexes.entries(root)[name]["sha256"]:
+            problems.setdefault(root, []).append(f"{name} was altered (its SHA-256 differs from the index)")
+    traces = {} if any(problems.values()) else {path: load(path, content) for path, content in data.items()}
+    for path, (name, root) in listed.items():
+        if path in traces and len(traces[path].steps) != (steps := indexes.entries(root)[name]["steps"]):
+            problems.setdefault(root, []).append(f"{name} has {len(traces[path].steps)} steps, the index lists "
+                                                 f"{steps}")
+    if any(problems.values()):
+        raise TraceError(" ".join(f"{root / INDEX}: the traces of its tree do not match it: {'; '.join(wrong)}."
+                                  for root, wrong in problems.items() if wrong)
+                         + " Write the tree's index again with `kvspec vectors --out DIR`")
     return traces
 
 
-def prefix(directory: Path, root: Path) -> str:
-    """What the index's paths of the traces under `directory` start with: "" at the root."""
-    below = PurePosixPath(Path(os.path.realpath(directory)).relative_to(root))
-    return "" if below == PurePosixPath(".") else f"{below.as_posix()}/"
+def real(path: Path) -> Path:
+    """A trace's path with its directories resolved, the file itself never (a link stays a link)."""
+    return Path(os.path.realpath(path.parent), path.name)
 
 
 def bounded_corpus(directory: Path, files: list[Path]) -> dict[Path, bytes]:
