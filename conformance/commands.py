@@ -240,15 +240,17 @@ def lost_replay(task, lost: Lost):
 
 def replay_command(args) -> int:
     from .harness.replay import unmet_requirements
-    from .runs.vectors import corpus
+    from .runs.tree import corpus, shown
 
     traces = corpus(Path(args.trace))  # every file parses, and matches the index, before anything runs
-    drawn = pictures(args.plot, [path.stem for path in traces])
+    names = {path: shown(path, Path(args.trace)) for path in traces}  # its path under a directory replayed
+    drawing_names = {path: names[path].removesuffix(".jsonl").replace("/", "-") for path in traces}
+    drawn = pictures(args.plot, list(drawing_names.values()))
     (adapter,) = declarations([args.adapter], args)
     skipped = {path: unmet for path, trace in traces.items() if (unmet := unmet_requirements(trace, adapter))}
     print(f"kvspec replay: {len(traces)} trace(s) on adapter {args.adapter}", flush=True)
     for path, unmet in skipped.items():
-        print(f"skip {path.name}: adapter lacks {', '.join(unmet)}")
+        print(f"skip {names[path]}: adapter lacks {', '.join(unmet)}")
     failures = 0
     finished = 0
 
@@ -271,7 +273,7 @@ def replay_command(args) -> int:
                            f"does not reproduce the recorded {', '.join(recorded)}: ") + verdict
         failures += not consumed
         finished += 1
-        print(f"{'ok  ' if consumed else 'FAIL'} {path.name}: {verdict}".replace("\n", "\n     "), flush=True)
+        print(f"{'ok  ' if consumed else 'FAIL'} {names[path]}: {verdict}".replace("\n", "\n     "), flush=True)
         if picture:
             print(f"     picture: {shown(picture)}", flush=True)
         if drawing:
@@ -279,7 +281,8 @@ def replay_command(args) -> int:
 
     replayed = [path for path in traces if path not in skipped]
     try:
-        run_jobs([(str(path), traces[path], args.adapter, args.verbose, drawn[path.stem]) for path in replayed],
+        run_jobs([(str(path), traces[path], args.adapter, args.verbose, drawn[drawing_names[path]])
+                  for path in replayed],
                  isolated_replay, lost_replay, args.workers, args.step_timeout, done, adapters=[args.adapter],
                  memory_limit=memory_bytes(args), load_seconds=args.load_timeout)
     except KeyboardInterrupt as stop:
@@ -298,9 +301,9 @@ def replay_command(args) -> int:
 def vectors_command(args) -> int:
     from .runs.vectors import write_corpus
 
-    print(f"kvspec vectors: writing the conformance corpus to {args.out}", flush=True)
+    print(f"kvspec vectors: writing the conformance vectors to {args.out}/conformance", flush=True)
     written = write_corpus(args.out, args.seed)
-    print(f"wrote {len(written)} vectors and index.json to {args.out}")
+    print(f"wrote {len(written)} vectors, and index.json of every trace under {args.out}")
     return 0
 
 
@@ -349,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     explore_parser = add_explore(commands, add_check_options)
 
     replay_parser = commands.add_parser("replay", help="replay a trace, or a directory of conformance vectors")
-    replay_parser.add_argument("trace", help="a .jsonl trace, or a directory written by `kvspec vectors`")
+    replay_parser.add_argument("trace", help="a .jsonl trace, or a directory of traces (a vectors tree written "
+                                                "by `kvspec vectors`, or part of one): every trace under it")
     replay_parser.add_argument("--adapter", default="reference", help="adapter to replay on (default: reference)")
     replay_parser.add_argument("--verbose", action="store_true", help="print each step as it is applied")
     replay_parser.add_argument("--plot", metavar="FILE", type=picture_option,
@@ -375,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     vectors_parser = commands.add_parser("vectors", help="write kvspec's conformance vectors from the reference")
     vectors_parser.add_argument("--out", required=True, metavar="DIR", type=output_directory,
-                                help="directory to write the corpus to")
+                                help="the root of a vectors tree: the vectors go under DIR/conformance/, and "
+                                     "DIR/index.json lists every trace under DIR")
     vectors_parser.add_argument("--seed", type=int, default=20261130, help="seed of the random lifecycles")
     vectors_parser.set_defaults(func=vectors_command)
 

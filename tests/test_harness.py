@@ -18,7 +18,8 @@ from kvspec.conformance.harness.engine_machine import engine_machine
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.reports.json_report import validate_json
 from kvspec.conformance.reports.model import SCHEMAS
-from kvspec.conformance.runs.vectors import INDEX
+from kvspec.conformance.runs.tree import CONFORMANCE, INDEX, TREE
+from kvspec.conformance.runs.tree import corpus as tree_corpus
 from kvspec.spec.window import Policy
 
 TESTS = Path(__file__).resolve().parent
@@ -171,15 +172,21 @@ def test_a_seeded_bug_exits_1_with_a_trace_that_replay_reproduces(slug, tmp_path
 # -- conformance vectors ----------------------------------------------------------------------
 
 def test_the_committed_vectors_are_current(corpus):
-    """vectors/ is what `kvspec vectors --out vectors/` writes now (its index names each
-    file with its SHA-256): regenerate it after a change of the reference or the vectors."""
-    committed = TESTS.parent / "vectors"
-    assert json.loads((corpus / INDEX).read_text()) == json.loads((committed / INDEX).read_text()), \
-        "vectors/ is stale: run `kvspec vectors --out vectors/`"
+    """vectors/conformance/ is what `kvspec vectors --out vectors/` writes now (its index
+    names each file with its SHA-256), and the tree's one index lists every trace of the
+    tree as it is: regenerate it after a change of the reference or the vectors, and
+    index it again after a regression, divergence, test or example trace changes."""
+    committed = json.loads((TREE / INDEX).read_text())
+    written = json.loads((corpus / INDEX).read_text())
+    conformance = [entry for entry in committed["vectors"] if entry["file"].startswith(f"{CONFORMANCE}/")]
+    assert (committed["kvspec_vectors"], committed["seed"], conformance) == \
+        (written["kvspec_vectors"], written["seed"], written["vectors"]), \
+        "vectors/conformance/ is stale: run `kvspec vectors --out vectors/`"
+    assert len(tree_corpus(TREE)) == len(committed["vectors"])  # every trace listed, as it is
 
 
 def test_the_vectors_cover_the_walkthroughs_every_policy_and_both_tiers(corpus):
-    names = {path.stem for path in corpus.glob("*.jsonl")}
+    names = {path.stem for path in corpus.rglob("*.jsonl")}
     assert {"walkthrough-4.3-chunked-prefill", "walkthrough-5-pd-decode-with-cached-prefix-12"} <= names
     for version in ("sglang-0.5.23", "design-margin", "drop-margin", "no-prefix-sharing"):
         assert any(name.startswith(f"lifecycle-{version}-P16") or name.startswith(f"lifecycle-{version}-P4")
@@ -193,8 +200,25 @@ def test_the_vectors_cover_the_walkthroughs_every_policy_and_both_tiers(corpus):
 def test_the_reference_replays_every_vector_in_full(corpus, tmp_path):
     result = kvspec("replay", str(corpus), "--adapter", "reference", "-n", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    total = len(list(corpus.glob("*.jsonl")))
+    total = len(list(corpus.rglob("*.jsonl")))
     assert f"{total} of {total} trace(s) replayed in full" in result.stdout
+
+
+def test_a_sub_tree_replays_against_the_index_at_the_root(corpus, tmp_path):
+    """`kvspec replay vectors/conformance/engine/block-pool/` replays that part of the tree,
+    checked against the root's index (an altered vector there is found), and names each
+    trace by its path under the directory it replays."""
+    block_pool = corpus / CONFORMANCE / "engine" / "block-pool"
+    result = kvspec("replay", str(block_pool), "--adapter", "reference", "-n", "2", cwd=tmp_path)
+    total = len(list(block_pool.rglob("*.jsonl")))
+    assert result.returncode == 0 and f"{total} of {total} trace(s) replayed in full" in result.stdout, result.stdout
+    assert "ok   vllm-0.33-dense/walkthrough-vllm-7-scripted.jsonl: conforms" in result.stdout
+    copy = tampered(corpus, tmp_path / "a")
+    vector = copy / CONFORMANCE / "engine" / "block-pool" / "vllm-0.33-dense" / "walkthrough-vllm-7-scripted.jsonl"
+    vector.write_text(vector.read_text() + "\n")  # the same trace, other bytes
+    result = kvspec("replay", str(vector.parent), "--adapter", "reference", cwd=tmp_path)
+    altered = "conformance/engine/block-pool/vllm-0.33-dense/walkthrough-vllm-7-scripted.jsonl was altered"
+    assert result.returncode == 2 and altered in result.stderr, result.stderr
 
 
 def test_an_implementation_that_diverges_fails_the_vectors(corpus, tmp_path):
@@ -210,14 +234,15 @@ def tampered(corpus: Path, tmp_path: Path) -> Path:
 
 def test_a_vector_altered_missing_or_unlisted_is_an_error(corpus, tmp_path):
     altered = tampered(corpus, tmp_path / "a")
-    vector = altered / "walkthrough-4.3-chunked-prefill.jsonl"
+    vector = altered / CONFORMANCE / "engine" / "two-pool" / "sglang-0.5.23" / "walkthrough-4.3-chunked-prefill.jsonl"
     vector.write_text(vector.read_text().replace('"chunk":16', '"chunk":15', 1))
     missing = tampered(corpus, tmp_path / "m")
-    (missing / "allocator-P1-1.jsonl").unlink()
+    (missing / CONFORMANCE / "allocator" / "allocator-P1-1.jsonl").unlink()
     unlisted = tampered(corpus, tmp_path / "u")
-    shutil.copy(unlisted / "allocator-P1-1.jsonl", unlisted / "extra.jsonl")
+    (unlisted / "regressions").mkdir()
+    shutil.copy(unlisted / CONFORMANCE / "allocator" / "allocator-P1-1.jsonl", unlisted / "regressions" / "extra.jsonl")
     for directory, problem in ((altered, "was altered"), (missing, "is listed but missing"),
-                               (unlisted, "extra.jsonl is not listed")):
+                               (unlisted, "regressions/extra.jsonl is not listed")):
         result = kvspec("replay", str(directory), "--adapter", "reference", cwd=tmp_path)
         assert result.returncode == 2 and problem in result.stderr, result.stderr
 

@@ -19,8 +19,9 @@ from kvspec.conformance.harness import trace as trace_module
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay, with_expectations
 from kvspec.conformance.harness.trace import Trace, TraceError, engine_config_json, parse
-from kvspec.conformance.runs import vectors
-from kvspec.conformance.runs.vectors import INDEX, corpus, walkthroughs
+from kvspec.conformance.runs import tree
+from kvspec.conformance.runs.tree import INDEX, corpus
+from kvspec.conformance.runs.vectors import walkthroughs
 from kvspec.spec.models import BLOCK_POOL, TWO_POOL, TWO_POOL_STATE, model_for
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
@@ -240,7 +241,7 @@ def test_a_corpus_beyond_its_bounds_is_refused_before_any_trace_is_parsed(tmp_pa
     """A corpus was read and parsed whole before the first trace ran: ten files at the
     per-file bound held about 14 GB. The two vectors here hold 11 steps and 2.5 KB."""
     directory = write_corpus(tmp_path / "corpus")
-    monkeypatch.setattr(vectors, bound, value)
-    monkeypatch.setattr(vectors, "load", lambda *args: pytest.fail("a trace was parsed"))
+    monkeypatch.setattr(tree, bound, value)
+    monkeypatch.setattr(tree, "load", lambda *args: pytest.fail("a trace was parsed"))
     with pytest.raises(TraceError, match=expected):
         corpus(directory)

@@ -63,7 +63,7 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import NO_PREFIX_SHARING, VLLM_0_33, Policy
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "docs" / "examples" / "long-chunked-prefill.jsonl"
+EXAMPLE = ROOT / "vectors" / "examples" / "long-chunked-prefill.jsonl"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NO_TREE = frozenset({"free_sets", "mapping", "rows"})
 

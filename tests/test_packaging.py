@@ -30,6 +30,11 @@ def test_built_wheel_imports_every_subpackage(tmp_path):
         written, problems = write(Path("rendered"), Path({str(ROOT / "tests")!r}))
         assert problems == [], problems
         assert "sglang-mutant-no-chunk-release" in written[0].read_text(encoding="utf-8")
+        # the vectors tree ships as kvspec.vectors, index and all; the divergence lists find their traces in it
+        from kvspec.conformance.runs.tree import TREE, corpus
+        from kvspec.adapters.sglang.divergences import KNOWN_DIVERGENCES
+        assert str(TREE).startswith({str(target)!r}) and len(corpus(TREE)) > 100
+        assert (TREE / "INTERPRETING.md").is_file() and all(d.path.is_file() for d in KNOWN_DIVERGENCES)
     """)
     # -S: no site-packages processing, so the editable install of the source tree is
     # invisible; torch and the other dependencies come from the current environment.

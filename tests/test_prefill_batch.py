@@ -27,7 +27,7 @@ from kvspec.spec.outcomes import Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineConfig, Step, two_pool_observables
 from kvspec.spec.window import Policy
 
-VECTOR = "vectors/regressions/grouped-swa-free-remap.jsonl"
+VECTOR = "vectors/regressions/sglang/grouped-swa-free-remap.jsonl"
 
 
 def config(window=8, size_full=256, size_swa=64, version="sglang-0.5.23", interval=1):

@@ -147,7 +147,7 @@ def test_the_state_vectors_need_state_group_and_replay_on_the_reference():
 
     reference = load_adapter(ADAPTER.name)
     without = replace(reference, capabilities=reference.capabilities - {"state_group"})
-    vectors = Path(__file__).parent.parent / "vectors"
+    vectors = Path(__file__).parent.parent / "vectors" / "conformance" / "scheduler"
     for page_size, window in SCHEDULER_STATE_CONFIGS:
         trace = load(vectors / f"scheduler-state-P{page_size}-W{window}-1.jsonl")
         assert STATE in trace.config["groups"]

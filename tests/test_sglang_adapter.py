@@ -105,9 +105,10 @@ def test_a_partial_snapshot_of_sglang_is_the_whole_one_less_free_lists_and_unhel
 
 @pytest.mark.parametrize("adapter", ["sglang-python", "sglang", "reference"])
 def test_a_branch_insert_over_live_and_recovered_nodes_keeps_i9(adapter):
-    """tests/vectors/i9-branch-insert.jsonl: CI's differential run found I9 reading a
+    """vectors/tests/i9-branch-insert.jsonl: CI's differential run found I9 reading a
     chunk's cursor from live nodes the chunk did not publish (a spec mistake, fixed in
     spec.invariants.window.insert_cursor); SGLang's trees and the reference conform on it.
     tests/test_engine_invariants.py has the same case on hand-built snapshots."""
-    result = replay(load(Path(__file__).parent / "vectors" / "i9-branch-insert.jsonl"), load_adapter(adapter))
+    trace = load(Path(__file__).parents[1] / "vectors" / "tests" / "i9-branch-insert.jsonl")
+    result = replay(trace, load_adapter(adapter))
     assert result.conforms, result.verdict()

@@ -185,8 +185,8 @@ def test_an_engine_does_not_inherit_the_knobs_of_one_built_before_it_in_its_proc
     clears both, or every engine after an `+early-swa-unlock` one in a process would unlock early."""
     require_release("0.5.23")
     script = ("import json, sys; from pathlib import Path; from kvspec.adapters.sglang.releases.regressions import "
-              "ROOT, replay_here; vector = ROOT / 'vectors/regressions/early-swa-unlock.jsonl'; print(json.dumps("
-              "[replay_here(member, vector)['conforms'] for member in sys.argv[1:]]))")
+              "ROOT, replay_here; vector = ROOT / 'vectors/regressions/sglang/early-swa-unlock.jsonl'; "
+              "print(json.dumps([replay_here(member, vector)['conforms'] for member in sys.argv[1:]]))")
     done = subprocess.run([sys.executable, "-c", script, "sglang@0.5.23-python+early-swa-unlock", "sglang@0.5.23-python"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

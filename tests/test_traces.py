@@ -3,6 +3,7 @@ turns every malformed file into a TraceError naming the line and the fault, neve
 traceback from inside, and never runs anything a file contains."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,114 @@ def test_an_allocator_trace_with_a_misuse_needs_refuses_misuse():
                                               "capabilities": ("page_size_gt_1",),
                                               "make_allocator": ReferenceAllocatorAdapter}), "x")
     assert unmet_requirements(trace, lacking) == ["capability refuses_misuse"]
+
+
+# -- front matter: clauses, needs, violates -----------------------------------------------------
+
+def test_front_matter_survives_a_round_trip_and_a_trace_without_it_writes_as_before():
+    annotated = Trace(ENGINE.tier, ENGINE.config, ENGINE.adapter, ENGINE.steps, clauses=("I9", "LIFE-3"),
+                      needs=("page_size_gt_1",), violates=("I9", "crashed"))
+    assert parse(annotated.dumps()) == annotated
+    assert parse(ENGINE.dumps()).needs is None and not {"clauses", "needs", "violates"} & set(ENGINE.header())
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("clauses", ["I9", "NOPE-99"], "clauses names NOPE-99, which the spec has no clause of"),
+    ("violates", ["XYZ-77"], "violates names XYZ-77, which is neither a clause of the spec nor crashed nor hung"),
+    ("needs", ["page_size_gt_1", "time_travel"], "needs names time_travel, which is no capability kvspec knows"),
+    ("needs", ["Page-Size"], "line 1 (header): needs/0: 'Page-Size' does not match"),
+    ("clauses", ["I9", "I9"], "line 1 (header): clauses: ['I9', 'I9'] has non-unique elements"),
+])
+def test_front_matter_naming_what_does_not_exist_is_a_trace_error_naming_the_line(field, value, says):
+    """[the capability table] A clause id the spec's chapters do not have, a capability
+    kvspec.conformance.harness.declarations.Capability does not list: refused on parse."""
+    header, *steps = ENGINE.dumps().splitlines()
+    header = {**json.loads(header), field: value}
+    with pytest.raises(TraceError, match=re.escape(says)) as refused:
+        parse("\n".join([json.dumps(header), *steps]), "t.jsonl")
+    assert str(refused.value).startswith("t.jsonl line 1 (header): ")
+
+
+def test_every_capability_is_derived_from_steps_or_said_why_not():
+    """needs.derived_needs has a rule for every capability of the table but those
+    NOT_FROM_STEPS names, with its reason."""
+    from kvspec.conformance.harness.declarations import Capability
+    from kvspec.conformance.harness.needs import NOT_FROM_STEPS, derived_needs
+
+    page_1 = {"page_size": 1, "size_full": 16, "size_swa": 12}
+    misuse = Trace("allocator", page_1, "x", (TraceStep("free_group_begin", {}), TraceStep("free_padding_page", {}),
+                                              TraceStep("fork", {"parent": 0, "prefix_pages": 0, "length": 2,
+                                                                 "tail": 1})))
+    state = Trace("engine", {**ENGINE.config, "state_slots": 5, "state_grid": 4}, "x",
+                  (TraceStep("finish", {"rid": "r", "trim": 1}), TraceStep("pd_admit", {"rid": "s", "prompt": [1],
+                                                                                      "first_output": 2}),
+                   TraceStep("prefill_batch", {"chunks": [{"rid": "s", "chunk": 1, "token": 1}]})))
+    state = Trace("engine", {**state.config, "window": 6}, "x", state.steps)  # W > P, W % P = 2: at risk
+    scheduler = Trace("scheduler", {"page_size": 4, "window": 7, "pages": 2, "groups": ["full", "swa", "state"],
+                                    "max_batch_size": 2, "max_scheduled_tokens": 8}, "x",
+                      (TraceStep("submit", {"rid": "a", "prompt": [1] * 16, "max_new_tokens": 4, "outputs": [1]}),))
+    derived = {*derived_needs(misuse), *derived_needs(state), *derived_needs(scheduler)}
+    assert derived | set(NOT_FROM_STEPS) == set(Capability) and not derived & set(NOT_FROM_STEPS)
+
+
+def test_a_header_that_says_it_needs_a_capability_is_skipped_without_it_though_its_steps_would_not():
+    """Replay reads `needs` from the header: a trace whose steps need nothing beyond the
+    page size, whose header says it needs atomic_alloc_decode (as a divergence of a
+    failed alloc_decode means what it records only with it), is skipped by an adapter
+    without it; the same trace without `needs` has them derived, and replays."""
+    from dataclasses import replace
+
+    from kvspec.conformance.harness.protocol import load_adapter
+    from kvspec.conformance.harness.replay import unmet_requirements
+
+    reference = load_adapter("reference")
+    lacking = replace(reference, capabilities=reference.capabilities - {"atomic_alloc_decode"})
+    said = parse(Trace(ENGINE.tier, ENGINE.config, ENGINE.adapter, ENGINE.steps,
+                       needs=("page_size_gt_1", "atomic_alloc_decode")).dumps())
+    assert unmet_requirements(said, lacking) == ["capability atomic_alloc_decode"]
+    assert unmet_requirements(said, reference) == []
+    hand_written = parse(ENGINE.dumps())
+    assert hand_written.needs is None and unmet_requirements(hand_written, lacking) == []
+    without_page_size = replace(reference, capabilities=reference.capabilities - {"page_size_gt_1"})
+    assert unmet_requirements(hand_written, without_page_size) == ["capability page_size_gt_1"]  # derived
+
+
+def test_a_skip_by_the_header_is_reported_as_a_skip_by_the_command(tmp_path, capsys):
+    """`kvspec replay` skips, and says why, a vector whose header needs what the adapter
+    lacks (the minimal allocator of docs/writing-an-adapter.md has no swa_tail), though
+    the same vector without `needs` replays in full."""
+    import shutil
+
+    from kvspec.conformance.cli import main
+    from kvspec.conformance.runs.tree import TREE
+
+    vector = TREE / "conformance" / "allocator" / "allocator-P1-1.jsonl"
+    header, *steps = vector.read_text().splitlines()
+    path = tmp_path / "needs-swa-tail.jsonl"
+    path.write_text("\n".join([json.dumps({**json.loads(header), "needs": ["page_size_1", "swa_tail"]}), *steps]))
+    minimal = ["--adapter", "docs.examples.minimal_allocator:ADAPTER", "--allow-skipped"]
+    assert main(["replay", str(path), *minimal]) == 0
+    out = capsys.readouterr().out
+    assert "skip needs-swa-tail.jsonl: adapter lacks capability swa_tail" in out and "0 of 0 trace(s)" in out
+    shutil.copy(vector, path)
+    assert main(["replay", str(path), *minimal]) == 0
+    assert "ok   needs-swa-tail.jsonl: conforms" in capsys.readouterr().out
+
+
+def test_the_front_matter_kvspec_writes_is_what_its_steps_need_and_what_ran():
+    """[OBS-3] with_front_matter: needs from the steps, clauses from the reference's tally
+    (every I-clause of the two-pool model is checked after a step; OBS-3 for the expect
+    lines; LIFE-1 for a refused step), violates as given."""
+    from kvspec.conformance.harness.front_matter import with_front_matter
+    from kvspec.conformance.harness.needs import derived_needs
+    from kvspec.conformance.harness.protocol import load_adapter
+    from kvspec.conformance.harness.replay import with_expectations
+
+    reference = load_adapter("reference")
+    trace = with_front_matter(with_expectations(ENGINE, reference), reference, violates=("I9",))
+    assert trace.needs == derived_needs(ENGINE) == ("page_size_gt_1",)
+    assert {"OBS-3", *(f"I{n}" for n in range(1, 17))} <= set(trace.clauses) and "LIFE-1" not in trace.clauses
+    assert trace.violates == ("I9",) and parse(trace.dumps()) == trace
+    refused = Trace(ENGINE.tier, ENGINE.config, "x", (TraceStep("decode", {"rid": "r", "token": 1}, refuse=True),))
+    assert "LIFE-1" in with_front_matter(refused, reference).clauses
+    assert with_front_matter(refused, None).clauses == ()

@@ -148,11 +148,11 @@ def test_a_missing_vllm_says_how_to_install_it(monkeypatch):
 
 
 def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
-    """[WIN-1] kvspec's conformance vectors are the reference's: replaying them on vLLM
-    replays those of its policy version (the reference's shared block pool) and skips every
-    other with the reason; where nothing is left to check, that exits 2, and 0 with
-    --allow-skipped."""
-    vectors = Path(__file__).parents[1] / "vectors"
+    """[WIN-1] kvspec's conformance vectors (vectors/conformance/) are the reference's:
+    replaying them on vLLM replays those of its policy version (the reference's shared
+    block pool) and skips every other with the reason; where nothing is left to check,
+    that exits 2, and 0 with --allow-skipped."""
+    vectors = Path(__file__).parents[1] / "vectors" / "conformance"
     replay = [sys.executable, "-m", "kvspec.conformance.cli", "replay", str(vectors), "--adapter", "vllm"]
     done = subprocess.run(replay, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -160,7 +160,8 @@ def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
     assert "12 of 12 trace(s) replayed in full" in done.stdout
     two_pool = tmp_path / "two-pool"
     two_pool.mkdir()
-    (two_pool / "a.jsonl").write_bytes((vectors / "walkthrough-4.3-chunked-prefill.jsonl").read_bytes())
+    walkthrough = vectors / "engine" / "two-pool" / "sglang-0.5.23" / "walkthrough-4.3-chunked-prefill.jsonl"
+    (two_pool / "a.jsonl").write_bytes(walkthrough.read_bytes())
     replay[4] = str(two_pool)
     refused = subprocess.run(replay, capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode == 2 and "nothing was replayed" in refused.stderr, refused.stdout + refused.stderr

@@ -1,5 +1,5 @@
 """[OBS-3, BLOCK-9, BLOCK-10] Real vLLM 0.33.0 against the reference's shared block pool:
-the block-pool vectors (vectors/, written from the reference) replay on both vllm adapters
+the block-pool vectors (vectors/conformance/, written from the reference) replay on both vllm adapters
 with the reference's observables, and the one difference the differential run found, a
 vLLM adapter that dropped the scheduler's shared_prefix_boundary, stays fixed.
 
@@ -21,11 +21,11 @@ from kvspec.adapters.vllm.engine import VllmEngine  # noqa: E402
 from kvspec.conformance.harness.protocol import load_adapter, validate  # noqa: E402
 from kvspec.conformance.harness.replay import replay, unmet_requirements  # noqa: E402
 from kvspec.conformance.harness.trace import load  # noqa: E402
-from kvspec.conformance.runs.vectors import corpus  # noqa: E402
+from kvspec.conformance.runs.tree import corpus  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
-VECTORS = corpus(ROOT / "vectors")
-JUNCTION = Path(__file__).parent / "vectors" / "vllm-shared-prefix-junction.jsonl"
+VECTORS = corpus(ROOT / "vectors" / "conformance")
+JUNCTION = ROOT / "vectors" / "tests" / "vllm-shared-prefix-junction.jsonl"
 
 
 @pytest.mark.parametrize("adapter", ["vllm", "vllm-dense"])

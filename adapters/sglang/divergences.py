@@ -1,6 +1,6 @@
 """Every known place where real SGLang 0.5.23 differs from kvspec's spec
 (kvspec.adapters.divergence: what an entry is). `tests/test_sglang_divergences.py`
-replays every trace (`divergences/<id>.jsonl`) on every adapter it names and requires
+replays every trace (`vectors/divergences/sglang/<id>.jsonl`) on every adapter it names and requires
 the divergence to still reproduce. Nothing here loosens a check:
 
 - divergences a `kvspec check` would otherwise hit at once are steered around by
@@ -15,14 +15,13 @@ below (needs SGLang installed); it refuses to write one that does not reproduce.
 
 import sys
 from functools import partial
-from pathlib import Path
 
-from kvspec.adapters.divergence import KnownDivergence, main
+from kvspec.adapters.divergence import DIVERGENCES, KnownDivergence, main
 from kvspec.conformance.harness.trace import engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, Policy
 
-FOLDER = Path(__file__).parent / "divergences"
+FOLDER = DIVERGENCES / "sglang"
 BOTH = ("sglang", "sglang-python")
 SglangDivergence = partial(KnownDivergence, adapters=BOTH, folder=FOLDER)
 """Upstream paths are SGLang 0.5.23's (sglang/srt/...)."""

@@ -1,6 +1,6 @@
 """Every known place where TokenSpeed's scheduler 0.1.42 differs from kvspec's spec
 (kvspec.adapters.divergence: what an entry is). `tests/test_tokenspeed_divergences.py`
-replays every trace (`divergences/<id>.jsonl`) on every adapter it names and requires
+replays every trace (`vectors/divergences/tokenspeed/<id>.jsonl`) on every adapter it names and requires
 the divergence to still reproduce. A scheduler-tier trace carries no expectations: the
 spec fixes no plan.
 
@@ -10,9 +10,8 @@ tokenspeed-scheduler installed).
 
 import sys
 from functools import partial
-from pathlib import Path
 
-from kvspec.adapters.divergence import KnownDivergence, main
+from kvspec.adapters.divergence import DIVERGENCES, KnownDivergence, main
 from kvspec.conformance.harness.scheduler_machine import scheduler_config_json
 from kvspec.spec.block_pool import FULL, SWA
 from kvspec.spec.scheduler import SchedulerConfig
@@ -28,7 +27,7 @@ STEERED_BY = ("the capability preempts_only_when_needed, which tokenspeed (a sna
               "P=2 W=5 and P=4 W=7, against 3 of 13 with a snapshot pool): CI checks it at --seed 0, which passes; "
               "a check at another seed can stop here")
 
-TokenSpeedDivergence = partial(KnownDivergence, folder=Path(__file__).parent / "divergences")
+TokenSpeedDivergence = partial(KnownDivergence, folder=DIVERGENCES / "tokenspeed")
 """Upstream paths are those of the tokenspeed-scheduler 0.1.42 sdist (csrc/...)."""
 
 KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (

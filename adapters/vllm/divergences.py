@@ -1,6 +1,6 @@
 """Every known place where real vLLM 0.33.0 differs from kvspec's spec
 (kvspec.adapters.divergence: what an entry is). `tests/test_vllm_divergences.py`
-replays every trace (`divergences/<id>.jsonl`) on every adapter it names and requires
+replays every trace (`vectors/divergences/vllm/<id>.jsonl`) on every adapter it names and requires
 the divergence to still reproduce. Each trace carries the reference's expectations (OBS-3:
 its shared block pool, chapter 08), up to the diverging step.
 
@@ -21,9 +21,8 @@ in a failed step, and `BLOCK-6` says the release happens at every allocation.
 
 import sys
 from functools import partial
-from pathlib import Path
 
-from kvspec.adapters.divergence import KnownDivergence, main
+from kvspec.adapters.divergence import DIVERGENCES, KnownDivergence, main
 from kvspec.conformance.harness.scheduler_machine import scheduler_config_json
 from kvspec.conformance.harness.trace import engine_config_json
 from kvspec.spec.scheduler import SchedulerConfig
@@ -43,7 +42,7 @@ def submit(rid: str, token: int, prompt: int, outputs: int) -> tuple[str, dict]:
 
 
 STEP = ("step", {})
-VllmDivergence = partial(KnownDivergence, folder=Path(__file__).parent / "divergences")
+VllmDivergence = partial(KnownDivergence, folder=DIVERGENCES / "vllm")
 """Upstream paths are vLLM 0.33.0's (vllm/...)."""
 
 KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (

