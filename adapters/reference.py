@@ -4,14 +4,24 @@ sees torch; at the engine tier the engine of either memory model, by policy vers
 
 from collections.abc import Sequence
 
+from kvspec.conformance.harness.declarations import Capability
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import AllocatorState
+from kvspec.spec.allocator import AllocatorOperation
+from kvspec.spec.lifecycle import EngineOperation
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.window import BLOCK_POOL_VERSIONS, TWO_POOL_VERSIONS
 
 
 def as_list(result):
     return result if isinstance(result, OutOfMemory) else result.tolist()
+
+
+
+ALLOCATIONS = frozenset({AllocatorOperation.ALLOC, AllocatorOperation.ALLOC_EXTEND, AllocatorOperation.ALLOC_DECODE,
+                         AllocatorOperation.ALLOC_EXTEND_SWA_TAIL, AllocatorOperation.TRANSLATE})
+PASSED_THROUGH = frozenset(AllocatorOperation) - ALLOCATIONS
+"""The allocator's frees, free groups and clear: they take lists and return nothing."""
 
 
 class ReferenceAllocatorAdapter:
@@ -43,8 +53,7 @@ class ReferenceAllocatorAdapter:
 
     def __getattr__(self, operation):
         # Frees, free groups and clear take lists and return nothing: pass them through.
-        if operation in {"free", "free_swa", "free_full", "free_segment", "free_swa_segment",
-                         "free_full_segment", "free_group_begin", "free_group_end", "clear"}:
+        if operation in PASSED_THROUGH:
             return getattr(self.allocator, operation)
         raise AttributeError(operation)
 
@@ -69,8 +78,7 @@ class ReferenceEngineAdapter:
 
     def __getattr__(self, operation):
         # the operations, and a partial snapshot (OBS-4) where the engine shows one (the two-pool engine)
-        if operation in {"admit", "pd_admit", "prefill_chunk", "prefill_batch", "decode", "finish", "abort", "retract",
-                         "evict", "partial_snapshot"}:
+        if operation in {*EngineOperation, "partial_snapshot"}:
             return getattr(self.engine, operation)
         raise AttributeError(operation)
 
@@ -84,8 +92,8 @@ def make_scheduler(config, device: str = "cpu"):
     return ReferenceScheduler(config, device=device)
 
 
-BLOCK_POOL_CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "pd_decode",
-                           "pd_checkpoint_keeps_window")
+BLOCK_POOL_CAPABILITIES = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING,
+                           Capability.CHUNKED_PREFILL, Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
 """The shared block pool's engines: no recurrent-state group (chapter 09 is modelled on the two-pool engine)."""
 
 
@@ -97,10 +105,7 @@ class ADAPTER:
     policy_version = "sglang-0.5.23"
     # every version of chapters 01-07 and of chapter 08: kvspec.spec.window decides
     policy_versions = (*TWO_POOL_VERSIONS, *BLOCK_POOL_VERSIONS)
-    capabilities = ("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups",
-                    "chunked_prefill", "pd_decode", "refuses_misuse", "atomic_alloc_decode", "recurrent_state",
-                    "paged_recurrent_state", "releases_state_at_stop", "preempts_only_when_needed", "state_group",
-                    "pd_checkpoint_keeps_window", "batched_prefill")
+    capabilities = tuple(Capability)  # all of them: the reference implements its whole spec
     """At the scheduler tier: preempts_only_when_needed (SCHED-7) and state_group, the
     reference scheduler's recurrent-state group (the scheduler+state runs, SCHED-9)."""
     version_capabilities = {version: BLOCK_POOL_CAPABILITIES for version in BLOCK_POOL_VERSIONS}

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from .harness.checks import checks_mode_problem
 from .harness.isolation import LOAD_SECONDS, MEMORY_LIMIT, Lost, run_jobs
+from .harness.outputs import output_directory, output_file
 from .harness.profiles import PROFILES
 from .harness.protocol import AdapterError, Declaration
 from .harness.trace import Trace, TraceError, kvspec_version
-from .harness.outputs import output_directory, output_file
 from .reports.model import INTERRUPTS, CheckReport, utc_now
 from .reports.text import class_table, run_table
 from .review.occupancy_plot import PlotError
@@ -240,10 +240,10 @@ def lost_replay(task, lost: Lost):
 
 def replay_command(args) -> int:
     from .harness.replay import unmet_requirements
-    from .runs.tree import corpus, shown
+    from .runs.tree import corpus, trace_name
 
     traces = corpus(Path(args.trace))  # every file parses, and matches the index, before anything runs
-    names = {path: shown(path, Path(args.trace)) for path in traces}  # its path under a directory replayed
+    names = {path: trace_name(path, Path(args.trace)) for path in traces}  # its path under a directory replayed
     drawing_names = {path: names[path].removesuffix(".jsonl").replace("/", "-") for path in traces}
     drawn = pictures(args.plot, list(drawing_names.values()))
     (adapter,) = declarations([args.adapter], args)
@@ -336,9 +336,9 @@ def add_check_options(parser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .explore import add_command as add_explore
     from .review.diff_helpers import add_command as add_diff_helpers
     from .review.spec_view import add_command as add_spec
-    from .explore import add_command as add_explore
     from .zoo.zoo import add_command as add_zoo
 
     parser = argparse.ArgumentParser(prog="kvspec", description="kvspec: the executable specification, reference "

@@ -70,9 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # trips over) the conformance machinery.
     import argparse
 
+    from kvspec.conformance.harness.outputs import output_directory
     from kvspec.conformance.harness.profiles import profile, shrink_budget
     from kvspec.conformance.harness.protocol import AdapterError, load_adapter
-    from kvspec.conformance.harness.outputs import output_directory
     from kvspec.conformance.runs.plan import plan
 
     # Refused here, before any collection or xdist worker starts, so that a wrong

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .lifecycle import EngineOperation
 from .notation import Violation
 from .pages import pages_for
 from .registry import invariant
@@ -496,7 +497,7 @@ def block_prefix_hit_violations(previous: BlockPoolSnapshot, step: Step | None,
     """[BLOCK-9] An admission adopts a prefix hit of whole blocks, shorter than the
     request's tokens (the last one is always computed, for its logits: LIFE-3), and only
     blocks cached for their group: each real entry of the hit carries a key."""
-    if step is None or step.operation != "admit" or step.outcome != "ok":
+    if step is None or step.operation != EngineOperation.ADMIT or step.outcome != "ok":
         return []
     view = now.block_pool
     row = next((r for r in now.requests if r.rid == step.rid), None)

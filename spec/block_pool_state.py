@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .block_pool import FULL, NULL_BLOCK, BlockPoolSnapshot, block_pool_observables, drained_violations
+from .lifecycle import EngineOperation
 from .notation import Violation
 from .pages import pages_for
 from .registry import invariant
@@ -199,7 +200,7 @@ def state_hit_violations(previous: BlockPoolStateSnapshot, step: Step,
     state table holds it; for a sub-block hit, `h` not a multiple of G, a private copy
     of it, copy-on-write), and is no longer than the full-attention group's cached
     prefix: the hit of several groups is their minimum."""
-    if step.operation != "admit" or step.outcome != "ok":
+    if step.operation != EngineOperation.ADMIT or step.outcome != "ok":
         return []
     row = next((r for r in now.requests if r.rid == step.rid), None)
     if row is None or not row.kv_committed_len:

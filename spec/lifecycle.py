@@ -79,7 +79,7 @@ class RunningRequest:
     own KV past the prefix it matched)."""
 
 
-def refusal(operation: str, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
+def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
             size_full: int) -> str | None:
     """[LIFE-1] Why the lifecycle forbids this call, or None if it allows it. Every engine
     refuses what this names, with InvalidRequest and no change, and nothing else.

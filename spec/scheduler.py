@@ -91,6 +91,19 @@ class Status(Name):
     """Preempted with its KV set aside (a snapshot): it resumes where it stopped."""
 
 
+class SchedulerOperation(Name):
+    """[SCHED-1] The steps of the scheduler tier a check judges, as a snapshot's Step names them."""
+
+    BUILD = "build"
+    """The scheduler was made: its first view."""
+    SUBMIT = "submit"
+    PLAN = "plan"
+    RESULT = "result"
+    """A planned row's forward came back."""
+    FINISH = "finish"
+    ABORT = "abort"
+
+
 class Preempted(Name):
     """[SCHED-7] How a plan took a running request's pages away."""
 

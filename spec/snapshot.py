@@ -6,11 +6,16 @@ node ids are opaque (only equality matters), the root is the node whose parent i
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .accounting import AllocatorState
 from .notation import Position, SlotId, Violation
 from .outcomes import Outcome
 from .window import Policy
+
+if TYPE_CHECKING:  # annotations only: both modules read this one
+    from .lifecycle import EngineOperation
+    from .scheduler import SchedulerOperation
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,9 @@ def held_full_slots(requests: tuple[RequestView, ...], nodes: tuple[NodeView, ..
 class Step:
     """[OBS-2] The operation that led from one snapshot to the next."""
 
-    operation: str
-    """An EngineOperation: admit, pd_admit, prefill_chunk, prefill_batch, decode, finish, abort, retract or evict."""
+    operation: "EngineOperation | SchedulerOperation"
+    """What the step was: an EngineOperation (admit, pd_admit, prefill_chunk, prefill_batch,
+    decode, finish, abort, retract, evict) or, at the scheduler tier, a SchedulerOperation."""
     rid: str | None = None
     outcome: Outcome = Outcome.OK
     batch: tuple[str, ...] = ()

@@ -24,9 +24,14 @@ with its `state`, a `StatePoolView`.
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .lifecycle import EngineOperation
 from .notation import Violation
 from .registry import invariant
 from .snapshot import NodeView, Step, TwoPoolSnapshot, two_pool_drained_violations, two_pool_observables
+
+ADMISSIONS = frozenset({EngineOperation.ADMIT, EngineOperation.PD_ADMIT})
+RELEASES = frozenset({EngineOperation.FINISH, EngineOperation.ABORT, EngineOperation.RETRACT})
+"""The steps that end a request's row (LIFE-5): its state is released or kept as a checkpoint."""
 
 STATE_DIGEST_MODULUS = 1 << 23
 """[STATE-4] Digests stay below 2**23, so a float32 state tensor holds one exactly."""
@@ -269,7 +274,7 @@ def state_prefix_hit_violations(previous: HybridStateSnapshot, step: Step, now: 
     """[STATE-5] An admission reuses a cached prefix only where a checkpoint ends it: the
     request's last node holds a checkpoint of exactly the hit (the hit of several
     components is the deepest node every one accepts)."""
-    if step.operation not in ("admit", "pd_admit") or step.outcome != "ok":
+    if step.operation not in ADMISSIONS or step.outcome != "ok":
         return []
     request = next((r for r in now.requests if r.rid == step.rid), None)
     if request is None or request.cache_protected_len == 0:
@@ -334,7 +339,7 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
     batch (LIFE-9) a request's checkpoint moves its lock before a later request's
     checkpoint evicts, so a lock that a request of the batch moved off a node does not
     protect that node's checkpoint in the step."""
-    if step.operation in ("finish", "abort", "retract"):
+    if step.operation in RELEASES:
         return []
     locks = Counter(dict(previous.state.locks))
     if step.batch:
@@ -352,15 +357,16 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
 def released_state_violations(previous: HybridStateSnapshot, step: Step, now: HybridStateSnapshot) -> list[Violation]:
     """[STATE-9] A request that finishes, aborts or is retracted gives back every slot:
     each is free after, or (a finish only) a checkpoint of the tree."""
-    if step.operation not in ("finish", "abort", "retract"):
+    if step.operation not in RELEASES:
         return []
     request = next((r for r in previous.state.requests if r.rid == step.rid), None)
     if request is None:
         return []
     free = set(now.state.free_slots)
-    kept = {value.slot for _, value in now.state.checkpoints} if step.operation == "finish" else set()
+    kept = {value.slot for _, value in now.state.checkpoints} if step.operation == EngineOperation.FINISH else set()
     return [Violation("STATE-9", f"{step.operation} of request {step.rid} left its state slot {value.slot} "
-                                 + ("neither free nor a checkpoint" if step.operation == "finish" else "not free"))
+                                 + ("neither free nor a checkpoint" if step.operation == EngineOperation.FINISH
+                                    else "not free"))
             for value in request.values if value.slot not in free | kept]
 
 

@@ -17,6 +17,7 @@ from .notation import Position
 from .outcomes import Name
 from .pages import ceil_page, floor_page
 
+
 class PolicyVersion(Name):
     """[WIN-1] A policy version: what window eviction retains and how a prefix cache keeps
     it. Each version is of one memory model (kvspec.spec.models), the chapter whose

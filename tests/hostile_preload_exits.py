@@ -1,2 +1,3 @@
 import os
+
 os._exit(3)

@@ -1,2 +1,3 @@
 import threading
+
 threading.Event().wait()

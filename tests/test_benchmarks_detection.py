@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from kvspec.adapters.mutants import MUTANTS
-from kvspec.conformance.reports.model import RunResult
-from kvspec.conformance.harness.declarations import Run
-from kvspec.conformance.zoo.zoo import Specimen
 from report_helpers import run_result
 
+from kvspec.adapters.mutants import MUTANTS
+from kvspec.conformance.harness.declarations import Run
+from kvspec.conformance.reports.model import RunResult
+from kvspec.conformance.zoo.zoo import Specimen
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "detection.py"
 

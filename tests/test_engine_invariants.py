@@ -17,9 +17,8 @@ import pytest
 
 from kvspec.spec.accounting import AllocatorState, PoolState
 from kvspec.spec.invariants import INVARIANTS, engine_violations
-from kvspec.spec.registry import InvalidInvariant
 from kvspec.spec.outcomes import Outcome
-from kvspec.spec.registry import INVARIANT_CLASSES
+from kvspec.spec.registry import INVARIANT_CLASSES, InvalidInvariant
 from kvspec.spec.snapshot import EngineConfig, Ledgers, NodeView, RequestView, Step, TwoPoolSnapshot
 from kvspec.spec.window import Policy
 

@@ -22,7 +22,8 @@ from kvspec.conformance.harness.trace import load
 
 ENGINE_RUN = ("--run", "engine P=4 W=6 I=4", "--seed", "1")
 ALLOCATOR_RUN = ("--run", "allocator P=4", "--seed", "1")
-V44 = Path(__file__).resolve().parent.parent / "vectors" / "walkthrough-4.4-decode-and-finish.jsonl"
+V44 = (Path(__file__).resolve().parent.parent / "vectors" / "conformance" / "engine" / "two-pool" / "sglang-0.5.23"
+       / "walkthrough-4.4-decode-and-finish.jsonl")
 MUTANT = ("--adapter", "mutant-stale-mapping", "--run", "allocator P=4", "--seed", "1", "--no-shrink")
 
 

@@ -14,7 +14,9 @@ from xml.etree import ElementTree
 import jsonschema
 import pytest
 import xmlschema
+from report_helpers import description, run_result
 
+from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.reports.json_report import (
     ReportSchemaError,
     load_report_schema,
@@ -36,9 +38,6 @@ from kvspec.conformance.reports.model import (
 from kvspec.conformance.reports.text import class_table, run_table
 from kvspec.spec.clauses import load_clauses
 from kvspec.spec.registry import INVARIANT_CLASSES
-from kvspec.conformance.harness.declarations import Run
-from report_helpers import description, run_result
-
 
 TRACE = ".kvspec/traces/engine-P4-W6-I4.jsonl"
 NO_TREE = "adapter lacks observable tree"

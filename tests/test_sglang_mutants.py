@@ -32,9 +32,9 @@ from kvspec.adapters.sglang.mutants import (
 )
 from kvspec.conformance.harness.allocator_machine import allocator_machine
 from kvspec.conformance.harness.checks import ImplementationCrash, InvariantViolation
+from kvspec.conformance.harness.declarations import CRASH, Run
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.declarations import CRASH, Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.replay import replay

@@ -25,9 +25,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters.patching import ORIGINAL_CODE, PatchError, active
 from kvspec.adapters.vllm.mutants import ALL_MUTANTS, BLOCK_POOL, MANAGERS, MUTANTS, WINDOW_ONE_TOKEN_EARLY, Patch
 from kvspec.conformance.harness.checks import InvariantViolation
+from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.harness.engine_driver import EngineDriver
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.trace import TraceStep

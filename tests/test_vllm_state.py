@@ -24,8 +24,8 @@ from kvspec.adapters.vllm import VLLM, VLLM_DENSE
 from kvspec.adapters.vllm.engine import VllmEngine
 from kvspec.adapters.vllm.mutants import STATE_MUTANTS
 from kvspec.conformance.harness.checks import InvariantViolation
+from kvspec.conformance.harness.declarations import STATE_CONFIGS, Run
 from kvspec.conformance.harness.engine_machine import engine_machine
-from kvspec.conformance.harness.declarations import Run, STATE_CONFIGS
 from kvspec.conformance.harness.profiles import profile
 from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.spec.block_pool import NULL_BLOCK, PartialBlocks

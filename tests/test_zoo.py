@@ -7,13 +7,12 @@ import subprocess
 
 import jsonschema
 import pytest
+from report_helpers import run_result
 
 from kvspec.adapters.mutants import MUTANTS
 from kvspec.conformance.harness.declarations import Run
 from kvspec.conformance.reports.model import RunResult
 from kvspec.conformance.zoo.zoo import Specimen, caught, run_zoo, table, to_json, validate_json, verdict
-from report_helpers import run_result
-
 
 
 def kvspec(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ import sys
 from functools import partial
 
 from kvspec.adapters.divergence import DIVERGENCES, KnownDivergence, main
+from kvspec.conformance.harness.declarations import Capability
 from kvspec.conformance.harness.trace import engine_config_json
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import SGLANG_0_5_23, Policy
@@ -36,7 +37,7 @@ def misuse(id: str, op: str, args: dict, what: str, upstream: str, page_size: in
         f"accepts a free of {what} and changes its free lists; the spec requires InvalidFree and no change. "
         f"Its guards are `expect(...)` calls that only signal when the checks are on.",
         upstream, "allocator", {"page_size": P, "size_full": 8 * P, "size_swa": 8 * P},
-        (("new_sequence", {"length": 3 * P}), *setup, (op, args)), steered_by="refuses_misuse")
+        (("new_sequence", {"length": 3 * P}), *setup, (op, args)), steered_by=Capability.REFUSES_MISUSE)
 
 
 def engine_config(page_size: int, window: int, size_full: int, size_swa: int) -> dict:
@@ -69,7 +70,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "tier calls it without room too and charges what it kept to the failed call (spec ALLOC-4).",
         "mem_cache/allocator/swa.py:430-465 alloc_decode",
         "allocator", {"page_size": 4, "size_full": 32, "size_swa": 4},
-        (("new_sequence", {"length": 4}), ("decode", {"sequence": 0})), steered_by="atomic_alloc_decode"),
+        (("new_sequence", {"length": 4}), ("decode", {"sequence": 0})), steered_by=Capability.ATOMIC_ALLOC_DECODE),
     SglangDivergence(
         "SGL-7", ("OBS-3", "LIFE-7", "TREE-5"), "eviction for an allocation counts what the full eviction frees",
         "An extend one page short in both pools: SGLang's allocation path evicts until each pool's available size "
@@ -131,7 +132,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
         "engine", engine_config(page_size=4, window=6, size_full=64, size_swa=32),
         (("pd_admit", {"rid": "r1", "prompt": [2, 0, 1] * 5, "first_output": 0}),),
         # not on the Rust core: I10 reads the tree, which it does not show
-        adapters=("sglang-python",), folder=FOLDER, steered_by="pd_checkpoint_keeps_window"),
+        adapters=("sglang-python",), folder=FOLDER, steered_by=Capability.PD_CHECKPOINT_KEEPS_WINDOW),
     KnownDivergence(
         "SGL-10", ("STATE-3", "STATE-9"), "a finish with a stop keeps a state that has read past the stop",
         "A request of a hybrid model (FULL + SWA + MAMBA, no extra buffer) whose stop leaves written outputs after "
@@ -154,7 +155,7 @@ KNOWN_DIVERGENCES: tuple[KnownDivergence, ...] = (
          ("decode", {"rid": "r1", "token": 2}), ("decode", {"rid": "r1", "token": 2}),
          ("decode", {"rid": "r1", "token": 2}), ("finish", {"rid": "r1", "trim": 2})),
         # not on the Rust core: STATE-3 reads the checkpoints' nodes, which its tree does not show
-        adapters=("sglang-python",), folder=FOLDER, steered_by="releases_state_at_stop"),
+        adapters=("sglang-python",), folder=FOLDER, steered_by=Capability.RELEASES_STATE_AT_STOP),
 )
 
 

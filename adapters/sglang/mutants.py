@@ -42,7 +42,7 @@ from kvspec.adapters.patching import (  # noqa: F401 - re-exported: the machiner
     active,
     patched_code,
 )
-from kvspec.conformance.harness.declarations import CRASH, RUNS, Run
+from kvspec.conformance.harness.declarations import CRASH, RUNS, Capability, Run
 from kvspec.conformance.harness.families import MalformedDeclaration, check_declaration
 
 from . import SGLANG_PYTHON
@@ -165,7 +165,7 @@ class FRONTIER_INTO_WINDOW(SglangMutant, slug="frontier-into-window"):
     decode step reads the window (P=4, W=7: an 11-token prompt, cursor 4, leaf [4, 8)).
     Without them the first counterexample breaks I8, as the reference mutant's does."""
 
-    capabilities = tuple(capability for capability in SGLANG_PYTHON.capabilities if capability != "pd_decode")
+    capabilities = tuple(capability for capability in SGLANG_PYTHON.capabilities if capability != Capability.PD_DECODE)
     patch = Patch(COMMON, "free_swa_out_of_window_slots",
                   "        new_evicted_seqlen = (new_evicted_seqlen // page_size) * page_size\n",
                   "        new_evicted_seqlen = ceil_align(new_evicted_seqlen, page_size)\n")

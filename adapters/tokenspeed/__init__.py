@@ -14,6 +14,8 @@ TokenSpeed is imported until an adapter builds one.
 
 from functools import partial
 
+from kvspec.conformance.harness.declarations import Capability
+
 
 def make_scheduler(config, retract: bool = True, force_retraction_every: int = 0):
     from .scheduler import TokenSpeedScheduler
@@ -28,7 +30,8 @@ class TOKENSPEED:
     name = "tokenspeed"
     policy_version = "vllm-0.33"  # the one policy of the shared block pool (chapter 08), its closest model
     memory_model = "block-pool"
-    capabilities = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "state_group")
+    capabilities = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING,
+                    Capability.CHUNKED_PREFILL, Capability.STATE_GROUP)
     """state_group: a `State` group beside full and sliding window (the scheduler+state runs, SCHED-9)."""
     preload = "kvspec.adapters.tokenspeed.runtime"
     make_scheduler = staticmethod(make_scheduler)
@@ -40,5 +43,5 @@ class TOKENSPEED_ABORTS(TOKENSPEED):
     plan needs, and meets TOKENSPEED-1 rarely (none of 38 ci-profile checks)."""
 
     name = "tokenspeed-aborts"
-    capabilities = (*TOKENSPEED.capabilities, "preempts_only_when_needed")
+    capabilities = (*TOKENSPEED.capabilities, Capability.PREEMPTS_ONLY_WHEN_NEEDED)
     make_scheduler = staticmethod(partial(make_scheduler, retract=False))

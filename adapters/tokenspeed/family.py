@@ -15,7 +15,6 @@ delays an admission, which chapter 10 does not forbid; SCHED-7 saw it in one ci 
 from functools import partial
 
 from kvspec.conformance.harness.declarations import Run
-
 from kvspec.conformance.harness.families import Family, PreparedMembers
 
 from . import TOKENSPEED, make_scheduler

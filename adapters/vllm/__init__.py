@@ -14,6 +14,8 @@ vLLM is imported until an adapter builds something.
 
 from functools import partial
 
+from kvspec.conformance.harness.declarations import Capability
+
 from .engine import VllmEngine
 
 
@@ -23,8 +25,8 @@ def make_scheduler(config, retention="engine"):
     return VllmScheduler(config, retention)
 
 
-CAPABILITIES = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill", "recurrent_state",
-                "paged_recurrent_state", "releases_state_at_stop")
+CAPABILITIES = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING, Capability.CHUNKED_PREFILL,
+                Capability.RECURRENT_STATE, Capability.PAGED_RECURRENT_STATE, Capability.RELEASES_STATE_AT_STOP)
 """recurrent_state: a Mamba group (align mode) in the same block pool (spec chapter 09,
 STATE-10..14), at every page size; a finish frees every state block the request holds.
 Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
@@ -66,7 +68,8 @@ class VLLM_SCHEDULER:
     name = "vllm-scheduler"
     policy_version = VLLM.policy_version
     memory_model = VLLM.memory_model
-    capabilities = ("page_size_1", "page_size_gt_1", "prefix_sharing", "chunked_prefill")
+    capabilities = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING,
+                    Capability.CHUNKED_PREFILL)
     """Not preempts_only_when_needed: vLLM preempts for a request that then preempts itself,
     or before the same step's window releases (divergences VLLM-2, VLLM-3, SCHED-7)."""
     observables = VLLM.observables

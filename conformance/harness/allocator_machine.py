@@ -25,10 +25,11 @@ from kvspec.spec.models import TWO_POOL
 from kvspec.spec.pages import floor_page
 
 from .allocator_driver import AllocatorDriver
+from .declarations import Capability
 from .differential import DifferentialDriver
 from .recording import RecordingMachine
 
-ALL = frozenset({"swa_tail", "free_groups", "refuses_misuse", "atomic_alloc_decode"})
+ALL = frozenset({Capability.SWA_TAIL, Capability.FREE_GROUPS, Capability.REFUSES_MISUSE, Capability.ATOMIC_ALLOC_DECODE})
 
 
 def allocator_machine(make_allocator: Callable, page_size: int, capabilities: Iterable[str] = ALL,
@@ -45,13 +46,13 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             config = {"page_size": P, "size_full": full_pages * P, "size_swa": swa_pages * P}
             self.start_example(config)
             allocator = make_allocator(config["size_full"], config["size_swa"], P)
-            atomic = "atomic_alloc_decode" in self.capabilities
+            atomic = Capability.ATOMIC_ALLOC_DECODE in self.capabilities
             driver = AllocatorDriver(allocator, P, self.observables, log=note, atomic_decode=atomic)
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 other = shadow.make_allocator(config["size_full"], config["size_swa"], P)
+                atomic_other = Capability.ATOMIC_ALLOC_DECODE in shadow.capabilities
                 driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables,
-                                                                    atomic_decode="atomic_alloc_decode" in shadow.capabilities),
-                                            shadow.name)
+                                                                    atomic_decode=atomic_other), shadow.name)
             self.driver = driver
             self.shadowed = shadow is not None
 
@@ -85,7 +86,8 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         @rule(data=st.data())
         def decode(self, data):
             sequence = self.index(data)
-            if self.shadowed and "atomic_alloc_decode" not in self.capabilities and not self.driver.decode_fits(sequence):
+            if (self.shadowed and Capability.ATOMIC_ALLOC_DECODE not in self.capabilities
+                    and not self.driver.decode_fits(sequence)):
                 # A failed alloc_decode that keeps what it took (SGLang's does) leaves the two
                 # sides of a differential run apart for good: there, do not call it without room.
                 self.driver.tally.skip("atomicity", "adapter lacks capability atomic_alloc_decode")
@@ -97,7 +99,7 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         def fork(self, data, prefix_pages, length, use_tail):
             parent = self.index(data)
             tail = None
-            if use_tail and P > 1 and "swa_tail" in self.capabilities:
+            if use_tail and P > 1 and Capability.SWA_TAIL in self.capabilities:
                 # the tail starts on a page boundary (ALLOC-3) among the new tokens
                 prefix = min(prefix_pages * P, floor_page(len(self.sequences[parent].row), P))
                 starts = list(range(-(-prefix // P) * P, floor_page(prefix + length, P) + 1, P))
@@ -122,7 +124,7 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         def free_front(self, data, pages):
             self.run("free_front", sequence=self.index(data), pages=pages)
 
-        @precondition(lambda self: "free_groups" in self.capabilities)
+        @precondition(lambda self: Capability.FREE_GROUPS in self.capabilities)
         @rule()
         def toggle_free_group(self):
             self.run("free_group_end" if self.driver.group_open else "free_group_begin")
@@ -130,12 +132,12 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
         # -- what a buggy caller does: refused, nothing changes -----------------------------------
         # (only for an adapter that refuses misuse; the report says the rest skipped them)
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities)
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities)
         @rule()
         def free_padding_page(self):
             self.run("free_padding_page")
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities
                       and (any(self.driver.free_page_counts()) or P > 1))
         @rule(index=st.integers(0, 64))
         def free_a_free_page(self, index):
@@ -143,7 +145,7 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             if state.full.free_pages or state.full.pending_pages:
                 self.run("free_a_free_page", index=index)
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_slot_twice(self, data):
             sequence = self.index(data)
@@ -151,7 +153,7 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             if len(s.row) > s.first:
                 self.run("free_slot_twice", sequence=sequence, position=data.draw(st.integers(s.first, len(s.row) - 1)))
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_full_with_live_peer(self, data):
             sequence = self.index(data)
@@ -160,14 +162,14 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
                 self.run("free_full_with_live_peer", sequence=sequence,
                          position=data.draw(st.integers(s.live_from, len(s.row) - 1)))
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences)
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences)
         @rule(data=st.data())
         def free_swa_of_released(self, data):
             sequence = self.index(data)
             if self.sequences[sequence].live_from > self.sequences[sequence].first:
                 self.run("free_swa_of_released", sequence=sequence)
 
-        @precondition(lambda self: "refuses_misuse" in self.capabilities and self.sequences and P > 1)
+        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences and P > 1)
         @rule(data=st.data())
         def free_unaligned_segment(self, data):
             sequence = self.index(data)

@@ -11,7 +11,7 @@ aborts every prefilling one, evicts the whole cache and requires every page free
 
 from typing import Any
 
-from kvspec.spec.lifecycle import RunningRequest, refusal
+from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.models import MemoryModel
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
@@ -98,7 +98,7 @@ class EngineDriver:
         elif operation in ("admit", "pd_admit"):
             self.retracted.discard(args["rid"])
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
-        self.check(Step(operation, args.get("rid"), outcome, batch=tuple(chunk["rid"] for chunk in args.get("chunks", ()))))
+        self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=tuple(chunk["rid"] for chunk in args.get("chunks", ()))))
         return outcome
 
     def forbidden(self, operation: str, args: dict[str, Any]) -> str | None:

@@ -31,13 +31,14 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import min_state_slots
 from kvspec.spec.window import Policy, pd_checkpoint_at_risk
 
+from .declarations import Capability
 from .differential import DifferentialDriver
 from .engine_driver import EngineDriver
 from .recording import RecordingMachine
 from .trace import engine_config_json
 
 ALPHABET = st.integers(0, 2)
-ALL = frozenset({"pd_decode", "pd_checkpoint_keeps_window", "chunked_prefill"})
+ALL = frozenset({Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW, Capability.CHUNKED_PREFILL})
 MAX_REQUESTS = 4
 
 
@@ -115,8 +116,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             if self.run("admit", rid=rid, prompt=self.prompt(data))["outcome"] == "ok":
                 self.prefilling.add(rid)
 
-        @precondition(lambda self: self.running() < self.config.max_requests and P > 1 and "pd_decode" in self.capabilities
-                      and ("pd_checkpoint_keeps_window" in self.capabilities or not pd_checkpoint_at_risk(W, P)))
+        @precondition(lambda self: self.running() < self.config.max_requests and P > 1
+                      and Capability.PD_DECODE in self.capabilities
+                      and (Capability.PD_CHECKPOINT_KEEPS_WINDOW in self.capabilities or not pd_checkpoint_at_risk(W, P)))
         @rule(data=st.data(), first_output=ALPHABET)
         def pd_admit(self, data, first_output):
             rid = self.new_rid()
@@ -127,7 +129,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), chunk=st.integers(1, 2 * W + 2 * P), token=ALPHABET)
         def prefill_chunk(self, data, chunk, token):
             rid = data.draw(st.sampled_from(sorted(self.prefilling)))
-            if "chunked_prefill" not in self.capabilities:
+            if Capability.CHUNKED_PREFILL not in self.capabilities:
                 chunk = longest_prompt + 3 * W  # the whole prompt at once
             elif G is not None:  # often to the grid, where a checkpoint is taken (STATE-3)
                 chunk = data.draw(st.just(chunk) | st.integers(1, 3).map(lambda k: k * G))
@@ -141,7 +143,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             to the end of its prompt: requests sharing a prefix then checkpoint in one free group."""
             rids = data.draw(st.lists(st.sampled_from(sorted(self.prefilling)), min_size=2, unique=True))
             whole = longest_prompt + 3 * W
-            sizes = st.just(whole) | st.integers(1, 2 * W + 2 * P) if "chunked_prefill" in capabilities else st.just(whole)
+            chunked = Capability.CHUNKED_PREFILL in capabilities
+            sizes = st.just(whole) | st.integers(1, 2 * W + 2 * P) if chunked else st.just(whole)
             chunks = [{"rid": rid, "chunk": data.draw(sizes), "token": data.draw(ALPHABET)} for rid in rids]
             if self.run("prefill_batch", chunks=chunks)["outcome"] == "ok":
                 for rid in rids:
@@ -149,7 +152,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
                         self.prefilling.remove(rid)
                         self.decoding.add(rid)
 
-        if "batched_prefill" in capabilities:  # a rule, even one never enabled, would change every run's draws
+        if Capability.BATCHED_PREFILL in capabilities:  # a rule, even one never enabled, would change every run's draws
             prefill_batch = precondition(lambda self: len(self.prefilling) >= 2)(rule(data=st.data())(prefill_batch))
 
         @precondition(lambda self: self.decoding)
@@ -171,7 +174,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             # a stop lies among the outputs whose KV is written: one per decode step; the
             # deepest one is drawn often, as it leaves whole pages over-allocated (LIFE-5)
             most = min(2 * P, view.decode_steps, view.kv_committed_len - view.cache_protected_len)
-            if G is not None and "releases_state_at_stop" not in self.capabilities:
+            if G is not None and Capability.RELEASES_STATE_AT_STOP not in self.capabilities:
                 most = 0  # the engine keeps a state that has read past the stop (STATE-3, SGL-10): not drawn
             trim = data.draw(st.just(most) | st.integers(0, most)) if stop else 0
             self.run("finish", rid=rid, trim=trim)

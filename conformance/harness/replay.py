@@ -17,6 +17,7 @@ from kvspec.spec.snapshot import EngineConfig
 
 from .allocator_driver import AllocatorDriver
 from .checks import InvariantViolation, StepFailure, StepNotApplicable, Tally
+from .declarations import Capability
 from .engine_driver import EngineDriver
 from .needs import needs
 from .protocol import Adapter, AdapterError, Declaration, load_adapter
@@ -77,7 +78,7 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
             raise AdapterError(f"adapter {adapter.name!r} has no allocator tier, but the trace is an allocator trace")
         return AllocatorDriver(adapter.make_allocator(config["size_full"], config["size_swa"], config["page_size"]),
                                config["page_size"], observables, log=log,
-                               atomic_decode="atomic_alloc_decode" in adapter.capabilities)
+                               atomic_decode=Capability.ATOMIC_ALLOC_DECODE in adapter.capabilities)
     if trace.tier == "scheduler":
         if adapter.make_scheduler is None:
             raise AdapterError(f"adapter {adapter.name!r} has no scheduler tier, but the trace is a scheduler trace")

@@ -30,6 +30,7 @@ from kvspec.spec.scheduler import (
     Plan,
     ScheduledRequest,
     SchedulerConfig,
+    SchedulerOperation,
     SchedulerSnapshot,
     SchedulerView,
     after_plan,
@@ -72,7 +73,7 @@ class SchedulerDriver:
         self.outputs: dict[str, tuple[int, ...]] = {}
         """The tokens each request returns, in order (from its submission)."""
         self.previous = SchedulerSnapshot(config, (), self.view())
-        self.check(Step("build"))
+        self.check(Step(SchedulerOperation.BUILD))
 
     # -- what the scheduler shows --------------------------------------------------------------
 
@@ -143,7 +144,7 @@ class SchedulerDriver:
                 raise InvariantViolation.of([violation], f"after submit({rid}):")
         else:
             self.ledger[rid] = ScheduledRequest(rid, len(prompt), max_new_tokens, 0, 0, tokens=tuple(prompt))
-        self.check(Step("submit", rid, Outcome.OUT_OF_MEMORY if refused else Outcome.OK))
+        self.check(Step(SchedulerOperation.SUBMIT, rid, Outcome.OUT_OF_MEMORY if refused else Outcome.OK))
 
     def abort(self, rid: str):
         if rid not in self.ledger:
@@ -153,7 +154,7 @@ class SchedulerDriver:
             raise StepNotApplicable(f"request {rid!r} was never submitted")
         self.call("abort", rid)
         del self.ledger[rid]
-        self.check(Step("abort", rid))
+        self.check(Step(SchedulerOperation.ABORT, rid))
 
     def plan_once(self) -> Plan:
         """One plan, its rows answered, the requests whose outputs are all returned finished."""
@@ -163,20 +164,20 @@ class SchedulerDriver:
                                       ["OBS-1"])
         before = self.ledger
         self.ledger = {request.rid: request for request in after_plan(tuple(before.values()), plan)}
-        self.check(Step("plan"), plan)  # the rows are checked against the ledger before the plan
+        self.check(Step(SchedulerOperation.PLAN), plan)  # the rows are checked against the ledger before the plan
         for row in plan.rows:
             request = self.ledger[row.rid]
             sampled = samples(request, row)
             token = self.outputs[row.rid][request.outputs] if sampled else None
             self.call("result", row.rid, token)
             self.ledger[row.rid] = after_result(request, row, token)
-            self.check(Step("result", row.rid))
+            self.check(Step(SchedulerOperation.RESULT, row.rid))
         for row in plan.rows:
             request = self.ledger[row.rid]
             if request.outputs == len(self.outputs[row.rid]):
                 self.call("finish", row.rid)
                 del self.ledger[row.rid]
-                self.check(Step("finish", row.rid))
+                self.check(Step(SchedulerOperation.FINISH, row.rid))
         return plan
 
     def drain(self):

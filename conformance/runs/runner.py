@@ -171,12 +171,6 @@ def write_trace(trace: Trace, job: Job) -> str:
         os.remove(written)
 
 
-def tallies(machine) -> tuple[dict[str, ClassTally], dict[str, str]]:
-    rows = machine.tally.as_rows()
-    return ({c: ClassTally(*counts) for c, counts in rows.items()},
-            {c: why for c, why in machine.tally.skipped_because.items() if c in rows})
-
-
 def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str | None, str]:
     """Save a counterexample with the expectations of the reference (or of the adapter it
     was compared with); (its path, what the result must add): that replaying the saved file

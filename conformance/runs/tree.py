@@ -266,6 +266,6 @@ def bounded_corpus(directory: Path, files: list[Path]) -> dict[Path, bytes]:
     return data
 
 
-def shown(path: Path, target: Path) -> str:
+def trace_name(path: Path, target: Path) -> str:
     """How a replay names a trace: its path under the directory replayed, or its file name."""
     return path.relative_to(target).as_posix() if Path(target).is_dir() else path.name

@@ -47,7 +47,7 @@ from kvspec.spec.window import (
 )
 
 from ..harness.allocator_machine import allocator_machine
-from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS
+from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS, Capability
 from ..harness.engine_machine import engine_machine
 from ..harness.front_matter import with_front_matter
 from ..harness.protocol import Adapter, load_adapter
@@ -152,7 +152,7 @@ def block_pool_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
         engines = reference.for_version(version)
         for page_size, window, interval in ENGINE_CONFIGS:
             machine = engine_machine(engines.make_engine, page_size, window, Policy(version, interval),
-                                     {"chunked_prefill"}, engines.observables, model=engines.model)
+                                     {Capability.CHUNKED_PREFILL}, engines.observables, model=engines.model)
             traces.update(seeded_traces("engine", machine, f"lifecycle-{version}-P{page_size}-W{window}-I{interval}",
                                         f"random lifecycle of a shared block pool, {version}, page size "
                                         f"{page_size}, window {window}", seed))

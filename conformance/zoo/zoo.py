@@ -29,10 +29,10 @@ from kvspec.spec.invariants import INVARIANTS
 from ..harness.declarations import CRASH, Run
 from ..harness.families import Family, seeded_families
 from ..harness.isolation import LOAD_SECONDS, run_jobs
+from ..harness.outputs import output_directory, output_file, write_text
 from ..harness.profiles import PROFILES
 from ..harness.protocol import AdapterError
 from ..harness.trace import kvspec_version
-from ..harness.outputs import output_directory, output_file, write_text
 from ..reports.json_report import load_report_schema, run_json
 from ..reports.model import INTERRUPTS, SCHEMAS, RunResult, utc_now
 from ..reports.text import aligned

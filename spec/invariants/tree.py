@@ -2,12 +2,14 @@
 
 from collections import Counter
 
+from ..lifecycle import EngineOperation
 from ..notation import Violation
 from ..registry import invariant
 from ..snapshot import Step, TwoPoolSnapshot
 from .holders import mapping_at, node_index, non_root_nodes, path_to, slot_pairs
 
-EVICTING_OPERATIONS = ("evict", "prefill_chunk", "prefill_batch", "decode", "admit", "pd_admit")
+EVICTING_OPERATIONS = frozenset({EngineOperation.EVICT, EngineOperation.PREFILL_CHUNK, EngineOperation.PREFILL_BATCH,
+                                 EngineOperation.DECODE, EngineOperation.ADMIT, EngineOperation.PD_ADMIT})
 """Steps that may evict tree data and release no lock before they do (I14)."""
 
 

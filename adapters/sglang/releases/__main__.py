@@ -21,6 +21,8 @@ def main() -> int:
     run.add_argument("--defaults", action="store_true", help="only each tree at its release's default knobs")
     run.add_argument("-n", "--workers", type=int, default=2)
     run.add_argument("--shrink-seconds", type=float, help="each run's shrinking budget (kvspec check's option)")
+    run.add_argument("--seed", type=int, help="Hypothesis' seed of every member's check (CI gates on a fixed one; "
+                                              "default: a fresh one per check)")
     run.add_argument("--example-database", type=Path, help="Hypothesis' example database shared by the members "
                      "and shards (default: none)")
     merge = sub.add_parser("table", help="merge history shards into sglang-history.md and .json")
@@ -37,7 +39,7 @@ def main() -> int:
     if args.command == "history":
         from .history import history
         history(args.profile, args.out, args.shard, args.members, args.workers, args.defaults,
-                args.shrink_seconds, args.example_database)
+                args.shrink_seconds, args.example_database, args.seed)
         return 0
     if args.command == "table":
         from .history import table

@@ -22,8 +22,8 @@ of the 0.5.19 wheel's `sglang/srt/` unless 0.5.20 is named.
 
 from functools import partial
 
-from ..view import KvFields
 from ..runtime import BEFORE_IMPORT, sglang
+from ..view import KvFields
 from .api_0_5_21 import Engine_0_5_21
 
 

@@ -24,6 +24,7 @@ retention `W + P` in 0.5.14 (`design-margin`; `drop-margin` with that knob),
 from dataclasses import dataclass
 from functools import partial
 
+from kvspec.conformance.harness.declarations import Capability
 from kvspec.conformance.harness.families import Family, PreparedMembers
 
 from .environment import RELEASES, activate, install_command
@@ -116,7 +117,7 @@ def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
     return SglangAllocatorAdapter(size_full, size_swa, page_size)
 
 
-UNSTEERED_PD = ("pd_decode", "pd_checkpoint_keeps_window")
+UNSTEERED_PD = (Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
 """The PD path is driven on 0.5.23 only (the older releases' decode-side pre-allocation
 has other signatures). The gating adapters `sglang` and `sglang-python` lack
 pd_checkpoint_keeps_window so that their runs steer clear of known divergence SGL-11; a
@@ -135,8 +136,8 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
         name=name, release=release.release, tree=tree, knobs=knobs,
         policy_version=release.policy_version(knobs),
-        capabilities=("page_size_1", "page_size_gt_1", "swa_tail", "prefix_sharing", "free_groups", "chunked_prefill",
-                      "batched_prefill")
+        capabilities=(Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL, Capability.PREFIX_SHARING,
+                      Capability.FREE_GROUPS, Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL)
         + (UNSTEERED_PD if release.release == "0.5.23" else ()),
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),

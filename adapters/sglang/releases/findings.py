@@ -9,6 +9,8 @@ finding's. The table marks any violation no finding matches UNEXPLAINED.
 import re
 from dataclasses import dataclass
 
+from kvspec.conformance.harness.declarations import Run
+
 from .catalog import key
 
 
@@ -30,8 +32,9 @@ class Finding:
     says: str = ""
     """A regular expression the violation's message must match (to tell two findings of
     one clause apart), or "" for any."""
-    runs: tuple[str, ...] = ()
-    """The runs (labels, or their start) it shows in, or () for any."""
+    runs: tuple[Run, ...] = ()
+    """The runs it shows in (the check's runs at the member's own version), or () for any: a
+    table's run is read by its configuration (the report's `run`), never by its label."""
     vector: str | None = None
     """Its regression vector, relative to the repository: a trace under
     vectors/regressions/sglang/, or the trace of the known divergence a bug is also
@@ -52,7 +55,7 @@ class Finding:
         return (cell["tree"] in self.trees and self.reaches(cell["release"], cell["knobs"])
                 and bool(clauses & set(self.clauses))
                 and re.search(self.says, run.get("message") or "") is not None
-                and (not self.runs or any(run["label"].startswith(label) for label in self.runs)))
+                and (not self.runs or any(shows_in(run.get("run"), each) for each in self.runs)))
 
 
 FINDINGS = (
@@ -75,7 +78,7 @@ FINDINGS = (
     # prefill's allocation meets them (each such trace shows I4 on the Python core of its
     # release, and passes on 0.5.23)
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("crashed",),
-            says="^(evict|prefill_chunk) raised AssertionError", runs=("engine P=4 W=6",)),
+            says="^(evict|prefill_chunk) raised AssertionError", runs=(Run(4, 6, 4),)),
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
@@ -98,6 +101,13 @@ FINDINGS = (
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
             by_default=("0.5.14", "0.5.17"), knobs=("no-chunk-release",), says="the chunk left"),
 )
+
+
+def shows_in(described: dict | None, run: Run) -> bool:
+    """Whether a report's run (its `run`: plan.PlannedRun.description) is `run`."""
+    return described is not None and all(described[field] == value for field, value in (
+        ("tier", str(run.tier)), ("page_size", run.page_size), ("window", run.window), ("interval", run.interval),
+        ("state_grid", run.state_grid), ("state", run.recurrent)))
 
 
 def explain(cell: dict, run: dict) -> str | None:

@@ -38,7 +38,8 @@ class Cell:
     verdict: str
     """ok, violated, crashed, hung, or not-installed / error (the check did not report)."""
     runs: tuple[dict, ...]
-    """Per run: label, verdict, clauses, trace, trace_steps, first_failure_seconds."""
+    """Per run: label, run (its configuration: what findings read), verdict, clauses, trace,
+    trace_steps, first_failure_seconds."""
     seconds: float
 
 
@@ -61,7 +62,7 @@ def chosen(prefixes: list[str] | None, defaults: bool = False) -> list[str]:
 
 
 def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: float | None = None,
-          examples: Path | None = None) -> Cell:
+          examples: Path | None = None, seed: int | None = None) -> Cell:
     adapter = MEMBERS.members[member.removeprefix("sglang@")]
     cell = dict(member=member, release=adapter.release, tree=adapter.tree, knobs=adapter.knobs,
                 policy_version=adapter.policy_version)
@@ -75,6 +76,7 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
                "-n", str(workers), "--json", str(report), "--traces", str(traces)]
     command += ["--shrink-seconds", str(shrink_seconds)] if shrink_seconds else []
     command += ["--example-database", str(examples)] if examples else []
+    command += ["--seed", str(seed)] if seed is not None else []
     with open(out / "reports" / f"{name}.log", "w") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - started
@@ -82,8 +84,8 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
         return Cell(**cell, verdict="error", runs=({"label": "check", "verdict": "error", "clauses": [],
                                                    "message": f"exit status {status}; see {log.name}"},), seconds=seconds)
     found = json.loads(report.read_text())
-    runs = tuple({field: run.get(field) for field in ("label", "verdict", "clauses", "message", "trace", "trace_steps",
-                                                      "first_failure_seconds")} for run in found["runs"])
+    runs = tuple({field: run.get(field) for field in ("label", "run", "verdict", "clauses", "message", "trace",
+                                                      "trace_steps", "first_failure_seconds")} for run in found["runs"])
     for run in runs:  # where the shard's folder goes, its traces go: relative to it
         if run["trace"]:
             run["trace"] = str(Path(run["trace"]).resolve().relative_to(out.resolve()))
@@ -92,7 +94,8 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
 
 
 def history(profile: str, out: Path, shard_spec: str | None, members: list[str] | None, workers: int,
-            defaults: bool = False, shrink_seconds: float | None = None, examples: Path | None = None) -> Path:
+            defaults: bool = False, shrink_seconds: float | None = None, examples: Path | None = None,
+            seed: int | None = None) -> Path:
     """Check this shard's members one after another; `examples`: a Hypothesis example
     database they share (point every shard at one folder). Off by default: a failure saved
     by one release is then tried first on the next, which finds it sooner there but makes
@@ -101,7 +104,7 @@ def history(profile: str, out: Path, shard_spec: str | None, members: list[str] 
     out.mkdir(parents=True, exist_ok=True)
     cells = []
     for number, member in enumerate(names, 1):
-        cell = check(member, profile, workers, out, shrink_seconds, examples)
+        cell = check(member, profile, workers, out, shrink_seconds, examples, seed)
         cells.append(cell)
         failed = [f"{run['label']}: {', '.join(run['clauses']) or run['verdict']}" for run in cell.runs
                   if run["verdict"] != "ok"]
