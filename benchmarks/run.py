@@ -1,7 +1,7 @@
 """kvspec's benchmarks, in one command that writes a Markdown and a JSON table.
 
     python benchmarks/run.py --quick             # CI (--out DIR): a few minutes
-    python benchmarks/run.py                     # the full run behind the README's table
+    python benchmarks/run.py                     # the full run behind docs/benchmarks.md's tables
 
 Sections (--sections picks some), each measured side by side in one run and reported
 as ratios, since this machine is shared and noisy:

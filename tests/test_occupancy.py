@@ -1,5 +1,5 @@
 """Pictures of a run (conformance/review/occupancy.py and occupancy_plot.py): the occupancy
-of known snapshots, the timeline of the README's example on the reference and on
+of known snapshots, the timeline of docs/checking.md's example on the reference and on
 mutant-no-chunk-release, `--plot` on `kvspec check` and `kvspec replay`, and the picture
 of one shared block pool (spec chapter 08): a hand-made view, and, with vLLM installed,
 real vLLM runs."""
@@ -141,7 +141,7 @@ def test_the_allocator_tier_has_what_the_caller_holds_and_free():
     assert occupancy.swa == {CALLER: 2, UNACCOUNTED: 0, FREE: 0}
 
 
-# -- the timeline of the README's example -----------------------------------------------------------
+# -- the timeline of docs/checking.md's example ----------------------------------------------
 
 def test_the_example_conforms_on_the_reference_and_keeps_within_the_window_bound():
     trace, reference = load(EXAMPLE), load_adapter("reference")

@@ -1,6 +1,7 @@
 """docs/writing-an-adapter.md: its example adapter passes its check, the example's seeded
-leak fails it naming I2, and every name and repository path the page cites exists (its
-section on replaying the vectors from another language is vectors/INTERPRETING.md:
+leak fails it naming I2, its capability table lists exactly the Capability members with
+their meaning, and every name and repository path the page cites exists (its section on
+replaying the vectors from another language is vectors/INTERPRETING.md:
 tests/test_interpreting.py)."""
 
 import importlib
@@ -13,6 +14,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from kvspec.conformance.harness import families
+from kvspec.conformance.harness.declarations import Capability
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "writing-an-adapter.md"
@@ -93,3 +95,16 @@ def test_every_repository_path_the_page_cites_exists():
              and ("/" in span or Path(span).suffix in FILE_SUFFIXES) and span not in NOT_IN_REPOSITORY]
     assert "docs/examples/minimal_allocator.py" in paths and "conformance/harness/protocol.py" in paths
     assert not [path for path in paths if not (REPO / path).exists()]
+
+
+def capability_table(text: str) -> list[tuple[str, str]]:
+    """The (capability, meaning) of each row of the page's capability table."""
+    table = text[text.index("| capability | meaning | what runs only with it |"):]
+    rows = table[:table.index("\n\n")].splitlines()[2:]
+    return [tuple(cell.strip().strip("`") for cell in row.strip("|").split(" | ")[:2]) for row in rows]
+
+
+def test_the_capability_table_is_declarations_capability_member_by_member():
+    """The guide's table and the one table of capabilities (declarations.Capability) say the
+    same: every member, in order, with its meaning; a new capability needs its row."""
+    assert capability_table(PAGE.read_text()) == [(str(capability), capability.meaning) for capability in Capability]

@@ -1,4 +1,4 @@
-"""Real SGLang 0.5.23 behind kvspec's adapter protocol (see README, "Checking real SGLang").
+"""Real SGLang 0.5.23 behind kvspec's adapter protocol (see docs/engines/sglang.md, section 10).
 
 `SGLANG` drives SGLang's default Rust tree core, `SGLANG_PYTHON` its Python tree core;
 both drive the same real allocator, request-to-token pool, requests and scheduler

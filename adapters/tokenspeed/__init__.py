@@ -1,5 +1,5 @@
 """TokenSpeed's scheduler (tokenspeed-scheduler 0.1.42, compiled C++) behind kvspec's
-scheduler tier (see README, "TokenSpeed's scheduler"; docs/engines/tokenspeed.md).
+scheduler tier (see docs/scheduler-tier.md and docs/engines/tokenspeed.md).
 
 `TOKENSPEED` builds it with a snapshot pool, so that it retracts a request (its KV set
 aside, restored later) where it must; `TOKENSPEED_ABORTS` without one, so that it aborts

@@ -1,4 +1,4 @@
-"""Real vLLM 0.33.0 behind kvspec's adapter protocol (see README, "Checking real vLLM").
+"""Real vLLM 0.33.0 behind kvspec's adapter protocol (see docs/engines/vllm.md, section 11).
 
 `VLLM` drives vLLM's v1 KV cache manager with the prefix-cache retention its engine
 uses by default (`prefix_cache_retention_interval = 0`: a sliding-window group caches

@@ -51,7 +51,7 @@ def vllm() -> types.SimpleNamespace:
     except ImportError as error:
         raise VllmMissing(f"cannot import vLLM's KV cache manager ({error}); install it with "
                           f"`pip install --no-deps -r adapters/vllm/requirements.txt` (README, "
-                          f"\"Checking real vLLM\")") from error
+                          f"\"vLLM\")") from error
     logging.getLogger("vllm").setLevel(logging.ERROR)
     init_none_hash(sha256)  # before any Request with a block hasher is built
     return types.SimpleNamespace(

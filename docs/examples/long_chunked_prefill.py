@@ -1,4 +1,4 @@
-"""The README's example: one long prompt prefilled in chunks, then a few decode steps.
+"""The example of docs/checking.md, "Pictures of a run": one long prompt prefilled in chunks, then a few decode steps.
 
     python docs/examples/long_chunked_prefill.py [--out DIR]
 
@@ -41,7 +41,7 @@ def long_chunked_prefill() -> Trace:
              TraceStep("finish", {"rid": "r1", "trim": 0}))
     trace = Trace("engine", engine_config_json(CONFIG), "reference", steps, label="long chunked prefill",
                   description=f"one request: a {PROMPT}-token prompt prefilled in chunks of {CHUNK}, "
-                              f"{DECODE_STEPS} decode steps, finish (README, Pictures of a run)")
+                              f"{DECODE_STEPS} decode steps, finish (docs/checking.md, Pictures of a run)")
     reference = load_adapter("reference")
     return with_front_matter(with_expectations(trace, reference), reference)
 
