@@ -11,7 +11,11 @@ from enum import Enum
 
 class Name(str, Enum):
     """A name the spec fixes, spelled as traces, vectors and reports spell it: an enum
-    member is its own string (`Outcome.OK == "ok"`, and it prints as `ok`)."""
+    member is its own string (`Outcome.OK == "ok"`, and it prints as `ok`). Its repr is
+    the string's, so a message or a config's repr quotes the name as a trace spells it."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
     def __str__(self) -> str:
         return self.value

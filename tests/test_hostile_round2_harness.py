@@ -189,8 +189,8 @@ def test_d20_two_checks_sharing_a_traces_folder_never_overwrite_each_other(tmp_p
     ("--json", "dangling.json"), ("--traces", "/proc/kvspec-traces"), ("--traces", "a-file"),
     ("--example-database", "a-file"), ("--example-database", "/proc/kvspec-db"),
 ])
-def test_d11_d12_d35_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, option, path):
-    os.chdir(tmp_path)
+def test_d11_d12_d35_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch, option, path):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("")
     (tmp_path / "dangling.json").symlink_to(tmp_path / "missing" / "r.json")
     with pytest.raises(SystemExit) as stopped:
@@ -221,8 +221,8 @@ def test_d11_a_traces_folder_that_became_unwritable_keeps_the_violation_and_the_
     assert result.verdict == "violated" and result.trace is None and "the trace could not be saved" in result.message
 
 
-def test_d30_json_and_junit_on_one_file_is_a_usage_error(tmp_path, capsys):
-    os.chdir(tmp_path)
+def test_d30_json_and_junit_on_one_file_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stopped:
         run_main(capsys, "check", *ALLOCATOR_RUN, "--json", "same.out", "--junit", "same.out")
     assert stopped.value.code == 2 and "name the same file" in capsys.readouterr().err
@@ -234,8 +234,8 @@ def test_d30_json_and_junit_on_one_file_is_a_usage_error(tmp_path, capsys):
                                   ("spec", "--out", "a-file"), ("spec", "--out", "/proc/kvspec-spec"),
                                   ("vectors", "--out", "/proc/kvspec-vectors"),
                                   ("diff-helpers", "--helper", "pages.ceil_page", "--json", "/proc/x.json")])
-def test_d13_every_commands_outputs_are_checked_before_it_runs(tmp_path, capsys, args):
-    os.chdir(tmp_path)
+def test_d13_every_commands_outputs_are_checked_before_it_runs(tmp_path, capsys, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("")
     with pytest.raises(SystemExit) as stopped:
         run_main(capsys, *args)

@@ -20,7 +20,7 @@ from kvspec.adapters.sglang.runtime import sglang
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.conformance.harness.replay import replay
 from kvspec.conformance.harness.trace import load
-from kvspec.conformance.runs.jobs import probe
+from kvspec.conformance.runs.runner import probe
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 

@@ -108,8 +108,13 @@ def require_release(release):
         pytest.skip(f"SGLang {release} is not installed: {environment.install_command(release)}")
 
 
+ENGINE_P4_W6_I4 = {"tier": "engine", "page_size": 4, "window": 6, "interval": 4, "state_grid": None, "state": False,
+                   "policy_version": "max-window-page", "memory_model": "two-pool"}
+"""A report's description of the run (plan.PlannedRun.description), which a finding with runs reads."""
+
+
 def cell(release, tree, clauses, knobs=(), message="", verdict=None):
-    run = {"label": "engine P=4 W=6 I=4", "verdict": verdict or ("violated" if clauses else "ok"), "clauses": clauses,
+    run = {"label": "engine P=4 W=6 I=4", "run": ENGINE_P4_W6_I4, "verdict": verdict or ("violated" if clauses else "ok"), "clauses": clauses,
            "message": message, "trace": "t.jsonl" if clauses else None, "trace_steps": 2 if clauses else None,
            "first_failure_seconds": 0.5 if clauses else None}
     return {"member": f"sglang@{release}-{tree}", "release": release, "tree": tree, "knobs": list(knobs),
@@ -129,7 +134,7 @@ def test_a_violation_is_explained_only_inside_its_findings_range():
 def test_a_batchs_group_end_free_is_told_from_the_short_rematch_by_its_step_and_words():
     """0.5.18 has both bugs, on overlapping clauses: the grouped free is a prefill batch's
     step whose live SWA maps to nothing; the same clauses after a single chunk are the rematch."""
-    batch = ("after Step(operation='prefill_batch', rid=None, outcome=<Outcome.OK: 'ok'>, batch=('a', 'b')):\n"
+    batch = ("after Step(operation='prefill_batch', rid=None, outcome='ok', batch=('a', 'b')):\n"
              "[I3] swa pool: 11 free + 0 pending + 4 held = 15 pages, but the pool has 16 (leaked pages)\n"
              "[I5] position 12 (full slot 16) has live SWA KV but maps to 0")
     c = cell("0.5.18", "python", ["I3", "I5"], message=batch)

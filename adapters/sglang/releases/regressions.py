@@ -44,6 +44,16 @@ def expectations(finding: Finding, release: str) -> list[tuple[str, bool]]:
     return found
 
 
+def described(trace) -> dict:
+    """The run a trace was recorded in, as a report describes it (plan.PlannedRun.description):
+    what a finding that shows in some runs only (Finding.runs) reads."""
+    config = trace.config
+    recurrent = bool(config.get("state_slots"))
+    return {"tier": trace.tier, "page_size": config.get("page_size"), "window": config.get("window"),
+            "interval": config.get("policy", {}).get("decode_eviction_interval"),
+            "state_grid": config.get("state_grid", 1) if recurrent else None, "state": recurrent}
+
+
 def replay_here(member: str, vector: Path) -> dict:
     """Replay one vector on one member in this process."""
     from kvspec.conformance.harness.protocol import load_adapter
@@ -61,7 +71,8 @@ def replay_here(member: str, vector: Path) -> dict:
     failure = result.failure
     return {"member": member, "vector": vector.name, "conforms": result.conforms, "stopped_at": result.stopped_at,
             "clauses": list(failure.clauses or ()) if failure else [], "verdict": result.verdict(),
-            "kind": "crashed" if failure is not None and failure.kind == "crashed" else "violated", "label": trace.label}
+            "kind": "crashed" if failure is not None and failure.kind == "crashed" else "violated", "label": trace.label,
+            "run": described(trace)}
 
 
 def replay_release(release: str) -> list[dict]:
@@ -90,7 +101,7 @@ def in_process(release: str) -> list[dict]:
             adapter = MEMBERS.members[member.removeprefix("sglang@")]
             cell = {"release": release, "tree": adapter.tree, "knobs": adapter.knobs}
             run = {"clauses": result["clauses"], "message": result["verdict"].partition(": ")[2],
-                   "verdict": result["kind"], "label": result["label"]}
+                   "verdict": result["kind"], "label": result["label"], "run": result["run"]}
             other = None if result["conforms"] else explain(cell, run)
             if fails:
                 as_expected = other == finding.id
