@@ -123,6 +123,9 @@ class Job:
     """Stop shrinking after this long (None: the profile's budget, profiles.shrink_budget)."""
     picture: str | None = None
     """Where to draw the run (a .png, .svg or .pdf), or None."""
+    examples: int | None = None
+    """Examples to search at most (None: the profile's). The zoo gives a mutant room past the
+    profile's: a run ends at its first counterexample, so only a missed mutant pays for it."""
     example_database: str | None = None
     """A directory of Hypothesis' failing examples to try first and add to, or None (profiles.py)."""
     adapter_name: str = ""
@@ -224,6 +227,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
     budget = job.shrink_seconds or shrink_budget(job.profile)
     try:
         chosen = profile(job.profile)
+        if job.examples is not None:
+            chosen = settings(chosen, max_examples=job.examples)
         if not job.shrink:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
         if job.example_database is not None:
