@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from kvspec.conformance.harness.declarations import Capability
 from kvspec.reference import HybridAllocator
 from kvspec.spec.accounting import AllocatorState
-from kvspec.spec.allocator import AllocatorOperation
+from kvspec.spec.allocator import ALLOCATIONS, AllocatorOperation
 from kvspec.spec.lifecycle import EngineOperation
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.window import BLOCK_POOL_VERSIONS, TWO_POOL_VERSIONS
@@ -17,10 +17,7 @@ def as_list(result):
     return result if isinstance(result, OutOfMemory) else result.tolist()
 
 
-
-ALLOCATIONS = frozenset({AllocatorOperation.ALLOC, AllocatorOperation.ALLOC_EXTEND, AllocatorOperation.ALLOC_DECODE,
-                         AllocatorOperation.ALLOC_EXTEND_SWA_TAIL, AllocatorOperation.TRANSLATE})
-PASSED_THROUGH = frozenset(AllocatorOperation) - ALLOCATIONS
+PASSED_THROUGH = frozenset(AllocatorOperation) - ALLOCATIONS - {AllocatorOperation.TRANSLATE}
 """The allocator's frees, free groups and clear: they take lists and return nothing."""
 
 

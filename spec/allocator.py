@@ -113,6 +113,11 @@ class AllocatorOperation(Name):
     CLEAR = "clear"
 
 
+ALLOCATIONS = frozenset({AllocatorOperation.ALLOC, AllocatorOperation.ALLOC_EXTEND, AllocatorOperation.ALLOC_DECODE,
+                         AllocatorOperation.ALLOC_EXTEND_SWA_TAIL})
+"""[ALLOC-1] The calls that return the new tokens' full slots, a list of ints, or OutOfMemory."""
+
+
 class HybridAllocatorOperations(Protocol):
     """[ALLOC-1] The operations of a hybrid full/SWA allocator. Slots are full slots;
     an allocation returns the new tokens' full slots in position order, or OutOfMemory

@@ -11,18 +11,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted({ROOT / "README.md", ROOT / "vectors" / "INTERPRETING.md", *(ROOT / "docs").rglob("*.md")}
                - {ROOT / "docs" / "spec.md"})
 LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)|!\[[^\]\n]*\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
+"""A fenced code block: neither its brackets nor its `#` lines are links or headings."""
 
 
 def prose(text: str) -> str:
     """The page without its fenced code blocks and inline code, where brackets are not links."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", FENCED.sub("", text))
 
 
 def anchors(page: Path) -> set[str]:
     """The anchors of the page: those GitHub gives its headings (lower case, punctuation
     dropped, each space a hyphen, a repeated one numbered) and its own `<a id="...">`."""
-    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE)
+    text = FENCED.sub("", page.read_text(encoding="utf-8"))
     found, seen = set(re.findall(r'<a id="([^"]+)"', text)), {}
     for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.MULTILINE):
         slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.spec.accounting import HeldSequence
-from kvspec.spec.allocator import new_pages_available, swa_tail_split
+from kvspec.spec.allocator import ALLOCATIONS, new_pages_available, swa_tail_split
 from kvspec.spec.invariants.allocator import AllocatorView
 from kvspec.spec.outcomes import KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
@@ -34,8 +34,6 @@ from .checks import (
 from .snapshot_shape import shape_problem
 from .trace import TraceStep
 
-ALLOCATIONS = ("alloc", "alloc_extend", "alloc_decode", "alloc_extend_swa_tail")
-"""The calls that return the new tokens' full slots, a list of ints, or OutOfMemory (ALLOC-1)."""
 REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",
             "free_swa_of_released", "free_unaligned_segment")
 

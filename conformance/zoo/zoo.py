@@ -7,8 +7,9 @@ patched into real vLLM by kvspec.adapters.vllm.mutants) on the run that exposes 
 at the `ci` profile, and checks that it is caught by a violation of the invariant class
 it breaks. A mutant's search has room past the profile's examples (ROOM): it ends at
 the first counterexample, so only a mutant that is hard to find pays for the room, and a
-bug the check finds in example 400 of a seed is not called missed at that seed. A mutant that passes, crashes, hangs, or is caught by another class is a
-miss: the exit status is 1 and the table says which.
+bug the check finds in example 400 of a seed is not called missed at that seed. A
+mutant that passes, crashes, hangs, or is caught by another class is a miss: the exit
+status is 1 and the table says which.
 
 The table: per mutant, the clauses that caught it, the length of the shrunk
 counterexample (a trace that `kvspec replay` reproduces), and the seconds to the first
