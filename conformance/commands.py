@@ -2,7 +2,7 @@
 
     kvspec check   --adapter X [--profile quick|ci|deep] [--seed N] [--json F] [--junit F]
                    [--traces DIR] [-n WORKERS] [--step-timeout S] [--differential [ADAPTER]] [--run TEXT]
-                   [--no-shrink] [--plot FILE] [--memory-limit GIB] [--load-timeout S]
+                   [--no-shrink] [--multiple-bugs] [--plot FILE] [--memory-limit GIB] [--load-timeout S]
     kvspec explore --adapter X [--seeds N] [--first-seed N] ... (check at fresh seeds, for triage)
     kvspec replay  TRACE|DIR --adapter X [-n WORKERS] [--step-timeout S] [--memory-limit GIB] [--verbose] [--plot FILE]
                    [--allow-skipped] [--load-timeout S]
@@ -108,7 +108,7 @@ def check(args) -> int:
     drawn = pictures(args.plot, [slug(label) for label in the_plan.labels])
     jobs = [Job(args.adapter, planned, args.profile, args.seed, args.traces, args.differential, not args.no_shrink,
                 shrink_seconds=args.shrink_seconds, example_database=args.example_database,
-                picture=drawn[slug(planned.label)], adapter_name=adapter.name)
+                picture=drawn[slug(planned.label)], adapter_name=adapter.name, multiple_bugs=args.multiple_bugs)
             for planned in the_plan.runs]
     print(f"kvspec check: adapter {adapter.name} ({adapter.policy_version}), profile {args.profile}, "
           f"{len(jobs)} runs on {args.workers} worker(s){f', against {args.differential}' if args.differential else ''}",
@@ -134,6 +134,11 @@ def check(args) -> int:
             print(f"    trace ({result.trace_steps} steps): {shown(result.trace)}\n"
                   f"    replay: kvspec replay {shown(result.trace)} --adapter {result.replay_adapter or args.adapter}",
                   flush=True)
+        for other in result.other_failures:  # --multiple-bugs
+            print(f"    and {other['verdict']} {', '.join(other['clauses'])}: "
+                  + other["message"].replace("\n", "\n    "))
+            if other["trace"]:
+                print(f"    trace ({other['trace_steps']} steps): {shown(other['trace'])}", flush=True)
         if result.picture:
             print(f"    picture: {shown(result.picture)}", flush=True)
 
@@ -324,6 +329,9 @@ def add_check_options(parser) -> None:
     parser.add_argument("--shrink-seconds", type=positive_seconds, metavar="SECONDS",
                         help="stop shrinking a counterexample after this long (default: the profile's, "
                              f"{', '.join(f'{name} {PROFILES[name][2]} s' for name in PROFILES)})")
+    parser.add_argument("--multiple-bugs", action="store_true",
+                        help="search on past a run's first failure and report every distinct one (other clauses, "
+                             "or a crash elsewhere), each shrunk and saved (slower: each is shrunk and replayed)")
     parser.add_argument("--example-database", metavar="DIR", type=output_directory,
                         help="keep failing examples in DIR (Hypothesis' directory database) and try them "
                              "first: shared by checks of related adapters, e.g. the shards of a matrix")

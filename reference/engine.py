@@ -236,7 +236,7 @@ class TwoPoolEngine:
         """Allocate every chunk's extend at once (LIFE-7 eviction first), compute, then checkpoint."""
         extents = [(request, request.kv_committed_len, min(request.kv_committed_len + chunk_len, len(request.tokens)))
                    for request, chunk_len, _ in chunks]
-        if self.tree is None:  # no prefix cache: the scheduler evicts before each extend
+        if self.tree is None and self.policy.chunk_release:  # no prefix cache: the scheduler evicts before each extend
             for request, start, _ in extents:
                 free_swa_out_of_window_slots(self.allocator, request, start, self.window, self.page_size,
                                              self.policy.version, eviction_interval=1)
@@ -299,7 +299,7 @@ class TwoPoolEngine:
         it. The request's row then points at the tree's slots, and its lock moves to
         the new last node."""
         tree = self.tree
-        if not finished:  # the release hook of every component: only SWA's frees anything
+        if not finished and self.policy.chunk_release:  # the release hook of every component: only SWA's frees
             for component in tree.components:
                 component.free_out_of_window_slots(request, up_to - 1, eviction_interval=1)
         end = insert_end(up_to, self.page_size)

@@ -76,6 +76,12 @@ class Policy:
     version: PolicyVersion = SGLANG_0_5_23
     decode_eviction_interval: int = 128
     """I: decode evicts once the frontier has moved this many tokens past the cursor."""
+    chunk_release: bool = True
+    """[WIN-4] Whether a chunked prefill releases the SWA KV that slid out of its window
+    (at each checkpoint, or before each chunk without prefix sharing). Off, a long
+    prompt keeps the SWA of every chunk until decode eviction or the tree frees it:
+    SGLang's legacy tree, and its unified tree with
+    SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS off (the default up to 0.5.17)."""
 
     def __post_init__(self):
         # a trace names its version by string: hold the member, so that it knows its model
@@ -100,6 +106,8 @@ def validate_window_config(window: int, page_size: int, policy: Policy) -> list[
         problems.append(f"unknown policy version {policy.version!r}; choose one of {', '.join(POLICY_VERSIONS)}")
     if policy.decode_eviction_interval < 1:
         problems.append(f"decode_eviction_interval must be >= 1 (got {policy.decode_eviction_interval})")
+    if not isinstance(policy.chunk_release, bool):
+        problems.append(f"chunk_release must be true or false (got {policy.chunk_release!r})")
     return problems
 
 

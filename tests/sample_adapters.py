@@ -125,3 +125,24 @@ class HighestPagesFirstEngineAdapter(ReferenceEngineAdapter):
 HIGHEST_PAGES_FIRST = engine_adapter("HIGHEST_PAGES_FIRST", HighestPagesFirstEngineAdapter,
                                      make_allocator=HighestPagesFirstAllocatorAdapter,
                                      capabilities=REFERENCE.capabilities)
+
+
+class TwoBugsHybridAllocator(LeakyHybridAllocator):
+    """Two bugs at once, of distinct clauses: the leaky segment free (I2) and a decode
+    that allocates each pool on its own (I15), the bug zoo's non-atomic-decode."""
+
+    def alloc_decode(self, seq_lens, last_loc):
+        from kvspec.adapters.mutants.allocator import NonAtomicDecodeAllocator
+
+        return NonAtomicDecodeAllocator.alloc_decode(self, seq_lens, last_loc)
+
+
+class TwoBugsAllocatorAdapter(ReferenceAllocatorAdapter):
+    def __init__(self, size_full, size_swa, page_size):
+        self.allocator = TwoBugsHybridAllocator(size_full, size_swa, page_size)
+
+
+class TWO_BUGS(LEAKY):
+    name = "two-bugs"
+    capabilities = (*LEAKY.capabilities, "atomic_alloc_decode")
+    make_allocator = TwoBugsAllocatorAdapter

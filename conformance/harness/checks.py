@@ -16,6 +16,7 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Iterable
+from functools import cache
 
 from kvspec.spec.invariants import applicable
 from kvspec.spec.notation import Violation
@@ -35,6 +36,24 @@ class StepFailure(AssertionError):
         if self.clauses and not message.startswith("["):
             message = f"[{', '.join(self.clauses)}] {message}"
         super().__init__(message)
+
+
+@cache
+def failure_class(kind: type[StepFailure], clauses: tuple[str, ...]) -> type[StepFailure]:
+    """A subclass of `kind` for one set of broken clauses: Hypothesis tells bugs apart by
+    exception type and place, so that failures of distinct clauses, all raised at the same
+    line of the driver, are distinct bugs, each shrunk and reported on its own (a check
+    with --multiple-bugs; one bug per run otherwise)."""
+    return type(f"{kind.__name__}[{','.join(clauses)}]", (kind,), {"__module__": kind.__module__, "by_clauses": True})
+
+
+def distinct(failure: StepFailure) -> StepFailure:
+    """The same failure, as the instance of its clauses' failure_class."""
+    kind = type(failure)
+    if kind.__dict__.get("by_clauses"):  # already made distinct (re-raised)
+        kind = kind.__bases__[0]
+    failure.__class__ = failure_class(kind, failure.clauses)
+    return failure
 
 
 class InvariantViolation(StepFailure):

@@ -11,6 +11,8 @@ An adapter is any object (a module, a class, an instance) with these attributes:
                          be of several memory models: an engine built for a version is of
                          that version's model (kvspec.spec.models.model_of_version), and a
                          check runs each model's runs, at its first version listed
+    chunk_release        optional: False for an engine whose chunked prefill keeps every
+                         chunk's SWA (the policy's chunk_release, spec WIN-4; default True)
     memory_model         optional: the name of the memory model of its policy_version
                          (kvspec.spec.models.MODELS; default "two-pool"); its snapshots are
                          that model's type and only that model's invariants apply
@@ -131,6 +133,9 @@ class Declaration:
     """(version, capabilities) of the versions whose engines have other capabilities."""
     tiers: frozenset[Tier] = frozenset()
     """The tiers it has a factory for."""
+    chunk_release: bool = True
+    """Whether its engines release a chunked prefill's out-of-window SWA (the policy's
+    `chunk_release`, WIN-4): the policy its runs are checked against."""
 
     def model_versions(self) -> tuple[PolicyVersion, ...]:
         """The first version of each memory model it implements, policy_version first: a
@@ -305,6 +310,9 @@ def validate(candidate: Any, spec: str) -> Adapter:
         problems.append(f"unknown observables {unknown} for the {model.name} model; "
                         f"known: {', '.join(model.observables)}")
     preload = names(attribute("preload", ()), "preload", problems, one_allowed=True)
+    chunk_release = attribute("chunk_release", True)
+    if not isinstance(chunk_release, bool):
+        problems.append(f"chunk_release must be True or False (got {chunk_release!r})")
     factories = {tier: attribute(f"make_{tier}") for tier in Tier}
     if all(factory is None for factory in factories.values()):
         problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size), "
@@ -318,8 +326,8 @@ def validate(candidate: Any, spec: str) -> Adapter:
     return Adapter(name, version, frozenset(map(Capability, capabilities)), model, frozenset(observables), spec,
                    preload, (version, *(v for v in versions if v != version)),
                    tuple((PolicyVersion(v), frozenset(map(Capability, c))) for v, c in version_capabilities.items()),
-                   make_allocator=factories[Tier.ALLOCATOR], make_engine=factories[Tier.ENGINE],
-                   make_scheduler=factories[Tier.SCHEDULER])
+                   chunk_release=chunk_release, make_allocator=factories[Tier.ALLOCATOR],
+                   make_engine=factories[Tier.ENGINE], make_scheduler=factories[Tier.SCHEDULER])
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

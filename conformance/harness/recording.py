@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine
 
-from .checks import StepFailure, Tally
+from .checks import StepFailure, Tally, distinct
 from .trace import Trace, TraceStep
 
 
@@ -93,7 +93,9 @@ class RecordingMachine(RuleBasedStateMachine):
             if cls.first_failure_seconds is None:
                 cls.first_failure_seconds = time.perf_counter() - cls.started
                 cls.first_failure_clauses, cls.first_failure_step = failure.clauses, cls.steps
-            raise
+            # where several bugs are reported, each failure carries its own example's steps
+            failure.example = (cls.config, tuple(cls.recorded))
+            raise distinct(failure)
         cls.steps += 1
         free_pages = {key: count for key, count in observed.items() if key.startswith("free_")}
         cls.traffic += sum(abs(count - cls.free_pages.get(key, count)) for key, count in free_pages.items())
@@ -116,6 +118,15 @@ class RecordingMachine(RuleBasedStateMachine):
         """The steps of the last example run: after a shrunk failure, the minimal one."""
         return Trace(cls.tier, cls.config, adapter, tuple(cls.recorded), seed, label,
                      f"counterexample found by kvspec check ({label})")
+
+    @classmethod
+    def counterexample_of(cls, failure: BaseException, adapter: str, seed: int | None, label: str) -> Trace:
+        """The steps of the example that raised `failure`: several bugs reported at once
+        each carry their own; anything else escaped the driver in the last example run."""
+        if getattr(failure, "example", None) is None:
+            return cls.counterexample(adapter, seed, label)
+        config, steps = failure.example
+        return Trace(cls.tier, config, adapter, steps, seed, label, f"counterexample found by kvspec check ({label})")
 
     @classmethod
     def keep_if_busiest(cls):

@@ -56,6 +56,7 @@ def run_json(run: RunResult) -> dict:
         "shrink_seconds": None if run.shrink_seconds is None else round(run.shrink_seconds, 3),
         "shrink_budget_seconds": run.shrink_budget_seconds,
         "shrink_stopped_at_budget": run.shrink_stopped_at_budget,
+        **({"other_failures": [dict(other) for other in run.other_failures]} if run.other_failures else {}),
     }
 
 

@@ -91,6 +91,9 @@ class RunResult:
     replay_adapter: str | None = None  # the adapter the trace fails on, when not the checked one (a differential's other)
     run: dict = field(default_factory=dict)  # its configuration, RUN_FIELDS: what reports and tables read, never the label
     cause: str = ""  # a crash's own traceback, where the implementation raised (not in the JSON report)
+    other_failures: list[dict] = field(default_factory=list)
+    """With --multiple-bugs, each further distinct failure of the run: its verdict, clauses,
+    message, trace, trace_steps and replay_adapter, as the run's own fields give its first."""
 
     def __post_init__(self):
         where = f"RunResult {self.label!r}"

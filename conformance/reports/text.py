@@ -32,6 +32,8 @@ def result_text(run: RunResult) -> str:
     if run.trace is not None:
         length = f" ({run.trace_steps} steps)" if run.trace_steps is not None else ""
         text += f"  trace {run.trace}{length}"
+    for other in run.other_failures:  # --multiple-bugs
+        text += f"; and {other['verdict'].upper()} {', '.join(other['clauses'])}".rstrip()
     return text
 
 

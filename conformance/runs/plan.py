@@ -41,10 +41,12 @@ class Target:
     model: MemoryModel
     capabilities: frozenset[Capability]
     observables: frozenset[str]
+    chunk_release: bool = True
 
     @classmethod
     def of(cls, adapter: Declaration) -> "Target":
-        return cls(adapter.policy_version, adapter.model, adapter.capabilities, adapter.observables)
+        return cls(adapter.policy_version, adapter.model, adapter.capabilities, adapter.observables,
+                   adapter.chunk_release)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class PlannedRun:
                                      target.model, (FULL, SWA, STATE) if run.state else (FULL, SWA),
                                      pressure=Capability.PREEMPTS_ONLY_WHEN_NEEDED in target.capabilities)
         return engine_machine(implementation.make_engine, run.page_size, run.window,
-                              Policy(target.version, decode_eviction_interval=run.interval), target.capabilities,
+                              Policy(target.version, run.interval, target.chunk_release), target.capabilities,
                               target.observables, shadow=compared, model=target.model, state_grid=run.state_grid)
 
 

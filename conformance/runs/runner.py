@@ -130,6 +130,10 @@ class Job:
     """A directory of Hypothesis' failing examples to try first and add to, or None (profiles.py)."""
     adapter_name: str = ""
     """The adapter's declared name (for the trace of a run lost with its worker)."""
+    multiple_bugs: bool = False
+    """Search on past the first failure and report every distinct one (a failure of other
+    clauses, or a crash at another place), each shrunk and saved: the history matrix's
+    way to see a member's second bug. Off, a run ends at its first, found sooner."""
 
     @property
     def label(self) -> str:
@@ -231,6 +235,8 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
             chosen = settings(chosen, max_examples=job.examples)
         if not job.shrink:
             chosen = settings(chosen, phases=[phase for phase in chosen.phases if phase is not Phase.shrink])
+        if job.multiple_bugs:
+            chosen = settings(chosen, report_multiple_bugs=True)
         if job.example_database is not None:
             chosen = settings(chosen, database=DirectoryBasedExampleDatabase(job.example_database))
         with shrinking_within(budget):
@@ -243,31 +249,49 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
             raise
         machine.journal = None
         elapsed = time.perf_counter() - started
-        failure = error if isinstance(error, StepFailure) else None
-        # the adapter compared against may fail itself: then the trace is a finding about it
-        failed = job.differential if isinstance(error, ComparedFailure) else None
-        trace = machine.counterexample(adapter.name, job.seed, job.label)
-        if failure is None and trace.steps and not trace.steps[-1].violated:  # it escaped the driver: its step
-            trace = replace(trace, steps=(*trace.steps[:-1], replace(trace.steps[-1], violated=("crashed",))))
-        path, note = save(trace, job, load_adapter(failed) if failed else adapter)
-        message = (str(error) if failure else f"{type(error).__name__}: {error}") + note
-        raised = error.__cause__ if failure is not None else error  # what the implementation raised, if it did
-        kind = failure.kind if failure else "crashed"
-        drawn, drawing = picture(job, trace, adapter)
-        return job.result("crashed" if kind == "crashed" else "violated", message + drawing,
-                          examples=machine.examples, steps=machine.steps, seconds=elapsed,
-                          clauses=list(failure.clauses) if failure and failure.clauses else
-                          (["OBS-3"] if kind == "diverged" else []), trace=path,
-                          trace_steps=len(trace.steps) if path else None, **tallies(machine),
+        # several distinct bugs (job.multiple_bugs) come as one group, each with its example
+        first, *others = [failed(job, machine, adapter, each) for each in
+                          (leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
+        drawn, drawing = picture(job, first.pop("counterexample"), adapter)
+        raised, message = first.pop("raised"), first.pop("message")
+        return job.result(**first, message=message + drawing,
+                          examples=machine.examples, steps=machine.steps, seconds=elapsed, **tallies(machine),
                           first_failure_seconds=machine.first_failure_seconds,
                           first_failure_clauses=list(machine.first_failure_clauses),
-                          first_failure_step=machine.first_failure_step, picture=drawn, replay_adapter=failed,
+                          first_failure_step=machine.first_failure_step, picture=drawn,
                           cause="".join(traceback.format_exception(raised)) if raised is not None else "",
+                          other_failures=[{key: value for key, value in other.items()
+                                           if key not in ("counterexample", "raised")} for other in others],
                           **shrinking(machine, job.shrink and budget))
     elapsed = time.perf_counter() - started
     drawn, drawing = picture(job, machine.busiest_example(adapter.name, job.seed, job.label), adapter)
     return job.result("ok", drawing.strip(), examples=machine.examples, steps=machine.steps, seconds=elapsed,
                       **tallies(machine), picture=drawn)
+
+
+def leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    """The exceptions of a group, nested groups flattened, in the order raised."""
+    return [leaf for each in group.exceptions for leaf in (leaves(each) if isinstance(each, BaseExceptionGroup)
+                                                             else [each])]
+
+
+def failed(job: Job, machine, adapter: Adapter, error: BaseException) -> dict:
+    """One failure of a run, its counterexample saved: the result's fields for it
+    (verdict, clauses, message, trace, trace_steps, replay_adapter), its counterexample
+    and what the implementation raised, if it did."""
+    failure = error if isinstance(error, StepFailure) else None
+    # the adapter compared against may fail itself: then the trace is a finding about it
+    other = job.differential if isinstance(error, ComparedFailure) else None
+    trace = machine.counterexample_of(error, adapter.name, job.seed, job.label)
+    if failure is None and trace.steps and not trace.steps[-1].violated:  # it escaped the driver: its step
+        trace = replace(trace, steps=(*trace.steps[:-1], replace(trace.steps[-1], violated=("crashed",))))
+    path, note = save(trace, job, load_adapter(other) if other else adapter)
+    kind = failure.kind if failure else "crashed"
+    return {"verdict": "crashed" if kind == "crashed" else "violated",
+            "clauses": list(failure.clauses) if failure and failure.clauses else (["OBS-3"] if kind == "diverged" else []),
+            "message": (str(error) if failure else f"{type(error).__name__}: {error}") + note,
+            "trace": path, "trace_steps": len(trace.steps) if path else None, "replay_adapter": other,
+            "counterexample": trace, "raised": error.__cause__ if failure is not None else error}
 
 
 def tallies(machine) -> dict:

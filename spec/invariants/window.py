@@ -187,9 +187,10 @@ def published_from(live_before: set, path: list[NodeView], end: Position, cursor
 @invariant("I9", "window-bound", reads={"mapping", "rows", "tree"})
 def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
     """[I9] After a prefill chunk (chunk_step) with insert end E = cpl, cursor e and the
-    previous cpl c0: E - e <= eviction_span_bound(retention, P) if the eviction was not
+    previous cpl c0, under a policy with chunk release (WIN-4):
+    E - e <= eviction_span_bound(retention, P) if the eviction was not
     clamped, that is, the cursor moved past c0, or the frontier (pre_len = C - 1, the
-    previous cursor, c0) was due and not clamped. And the chunk publishes live SWA on
+    previous cursor, c0) was due and not clamped. Under every policy, the chunk publishes live SWA on
     [max(e, c0), E) only: there every position of the path is live; a live position in
     [c0, e) must have been live before the step, with the same full and SWA slots (a
     node another request inserted). e is the insert's cursor (insert_cursor); when it
@@ -210,7 +211,9 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
     pre_len = after.kv_committed_len - 1  # the chunk's key is the first C tokens
     due = eviction_frontier(pre_len, before.swa_evicted_seqlen, old_protected, config.window, config.page_size,
                             config.policy.version) if pre_len >= 0 else None
-    if end > 0 and (published > old_protected or (due is not None and not due.clamped)) and end - published > span:
+    released = config.policy.chunk_release  # without chunk release a chunk keeps its SWA: no span to bound
+    if released and end > 0 and (published > old_protected or (due is not None and not due.clamped)) \
+            and end - published > span:
         found.append(Violation("I9", f"request {after.rid}: the chunk left {end - published} live SWA tokens "
                                      f"[{published}, {end}), more than {span}"))
     for node in path:

@@ -78,6 +78,13 @@ class Release:
             knobs.append("drop-margin")
         return tuple(knobs)
 
+    def chunk_release(self, tree: str, knobs: tuple[str, ...]) -> bool:
+        """Whether a chunked prefill releases its out-of-window SWA (the spec policy's
+        chunk_release, WIN-4): never on the legacy tree, else the flag's value."""
+        if tree == "legacy" or "no-chunk-release" in knobs:
+            return False
+        return self.chunk_release_default or "chunk-release" in knobs
+
     def policy_version(self, knobs: tuple[str, ...]) -> str:
         if self.release == "0.5.14":
             return "drop-margin" if "drop-margin" in knobs else "design-margin"
@@ -135,7 +142,7 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
     attributes = dict(
         __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
         name=name, release=release.release, tree=tree, knobs=knobs,
-        policy_version=release.policy_version(knobs),
+        policy_version=release.policy_version(knobs), chunk_release=release.chunk_release(tree, knobs),
         capabilities=(Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL, Capability.PREFIX_SHARING,
                       Capability.FREE_GROUPS, Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL)
         + (UNSTEERED_PD if release.release == "0.5.23" else ()),
