@@ -22,8 +22,10 @@ from .runtime import sglang
 from .view import allocator_state
 
 
-def build_allocator(size_full: int, size_swa: int, page_size: int):
-    """SGLang's hybrid allocator over a real SWAKVPool with the smallest buffers."""
+def build_allocator(size_full: int, size_swa: int, page_size: int, need_sort: bool = False):
+    """SGLang's hybrid allocator over a real SWAKVPool with the smallest buffers. With
+    `need_sort` (SGLang's choice on its PD servers) freed pages wait in a release list that
+    is merged, sorted, into the free list when an allocation runs short."""
     s = sglang()
     # 0.5.14's SWAKVPool also requires enable_kvcache_transpose (it asserts it is off)
     extra = {"enable_kvcache_transpose": False} if "enable_kvcache_transpose" in inspect.signature(
@@ -32,7 +34,7 @@ def build_allocator(size_full: int, size_swa: int, page_size: int):
                           head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                           device="cpu", **extra)
     return s.SWATokenToKVPoolAllocator(size=size_full, size_swa=size_swa, page_size=page_size,
-                                       dtype=s.torch.bfloat16, device="cpu", kvcache=kvcache, need_sort=False)
+                                       dtype=s.torch.bfloat16, device="cpu", kvcache=kvcache, need_sort=need_sort)
 
 
 class SglangAllocatorAdapter:

@@ -59,7 +59,8 @@ class SglangEngine(SglangCacheView):
 
     ENVIRONMENT = ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN",
                    "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "SGLANG_ENABLE_UNIFIED_RADIX_TREE",
-                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "SGLANG_OPT_RELEASE_PREFILL_SWA")
+                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "SGLANG_OPT_RELEASE_PREFILL_SWA",
+                   "SGLANG_OPT_SWA_RADIX_CACHE_COMPACT", "SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT")
     """The knobs an engine sets; any other engine's settings are cleared first. From 0.5.22
     SGLang reads SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW as the deprecated name of
     SGLANG_OPT_RELEASE_PREFILL_SWA and copies its value there (environ.py,
@@ -67,7 +68,8 @@ class SglangEngine(SglangCacheView):
     with early-swa-unlock in the same process would inherit it."""
 
     def __init__(self, config: EngineConfig, tree: str = "rust", release: str = "0.5.23",
-                 policy_version: str = SGLANG_0_5_23, environment: dict[str, str] | None = None):
+                 policy_version: str = SGLANG_0_5_23, environment: dict[str, str] | None = None,
+                 need_sort: bool = False, eviction_policy: str = "lru"):
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.policy.version != policy_version:
             problems.append(f"SGLang {release} implements policy {policy_version!r}, not {config.policy.version!r}")
@@ -91,7 +93,9 @@ class SglangEngine(SglangCacheView):
         (0.5.18 managers/scheduler_components/batch_result_processor.py:199, 365; 0.5.23 :264, 501)."""
         self.P = config.page_size
         self.tree_core = tree
-        self.allocator = build_allocator(config.size_full, config.size_swa, config.page_size)
+        self.allocator = build_allocator(config.size_full, config.size_swa, config.page_size, need_sort)
+        self.eviction_policy = eviction_policy
+        """The tree's order of evicting full-attention leaves (server argument radix_eviction_policy)."""
         if self.state:
             self.req_to_token_pool = build_state_pool(config, max_context_len=config.size_full + self.P)
             self.state_model = StateModel(self.req_to_token_pool)
@@ -110,7 +114,7 @@ class SglangEngine(SglangCacheView):
         s = self.s
         return s.UnifiedRadixCache(s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
-            page_size=self.P, sliding_window_size=self.config.window,
+            page_size=self.P, sliding_window_size=self.config.window, eviction_policy=self.eviction_policy,
             tree_components=(s.ComponentType.FULL, s.ComponentType.SWA)
             + ((s.ComponentType.MAMBA,) if self.state else ()), tree_core_backend=self.tree_core))
 

@@ -49,7 +49,7 @@ class Engine_0_5_14(Engine_0_5_16):
         s = self.s
         return s.SWARadixCache(params=s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
-            page_size=self.P, sliding_window_size=self.config.window))
+            page_size=self.P, sliding_window_size=self.config.window, eviction_policy=self.eviction_policy))
 
     def kv(self, req) -> KvFields:
         return KvFields(req.req_pool_idx is not None, req.req_pool_idx, req.cache_protected_len,

@@ -69,7 +69,7 @@ class Engine_0_5_19(Engine_0_5_21):
         s = self.s
         return s.UnifiedRadixCache(s.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
-            page_size=self.P, sliding_window_size=self.config.window,
+            page_size=self.P, sliding_window_size=self.config.window, eviction_policy=self.eviction_policy,
             tree_components=(s.ComponentType.FULL, s.ComponentType.SWA)))
 
     def kv(self, req) -> KvFields:

@@ -1,24 +1,33 @@
 """The `sglang@` family: every SGLang release from 0.5.14 to 0.5.23, each tree it has,
-each SWA knob it reads. A member is `sglang@<release>[-<tree>][+<knob>...]`:
+the SWA settings it reads, alone and in combination. A member is
+`sglang@<release>[-<tree>][+<knob>...]`:
 
   sglang@0.5.18                 the release as it ships: its default tree, default knobs
   sglang@0.5.19-rust            another tree of that release
   sglang@0.5.17+chunk-release   a knob turned from its default
+  sglang@0.5.20+early-swa-unlock+need-sort+evict-lfu   several at once
 
 Trees: `legacy` (SWARadixCache, the default of 0.5.14 - 0.5.15; its file stays until
 0.5.20, but from 0.5.16 nothing in SGLang builds it, `mem_cache/registry.py`), `python`
 (UnifiedRadixCache with its Python tree, the default 0.5.16 - 0.5.20), `rust` (its Rust
-tree core, shipped 0.5.19, the default from 0.5.21). Knobs (SGLang environment variables,
-set for each engine): `chunk-release` / `no-chunk-release`
-(SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, off up to 0.5.17, on from 0.5.18; the
-unified tree reads it), `drop-margin` (SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, read only by
-0.5.14), `early-swa-unlock` (SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW, every release,
-off by default). The decode eviction interval is a parameter of each run (`I`), not a
-member. docs/engines/sglang-releases.md has the evidence for every fact here.
+tree core, shipped 0.5.19, the default from 0.5.21). Knobs (KNOBS: SGLang environment
+variables set for each engine, or what SGLang's server arguments pass its allocator and
+tree): `chunk-release` / `no-chunk-release` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
+off up to 0.5.17, on from 0.5.18; the unified tree reads it), `drop-margin`
+(SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN, read only by 0.5.14), `early-swa-unlock`
+(SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW, every release, off by default),
+`swa-compact` and `split-leaf` (SGLANG_OPT_SWA_RADIX_CACHE_COMPACT,
+SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT: the legacy tree's, off by default), `need-sort` (the
+allocator's need_sort, on for SGLang's PD servers), `evict-lfu` (radix_eviction_policy
+lfu: the unified tree's order of evicting full leaves). The decode eviction interval is a
+parameter of each run (`I`), not a member. docs/engines/sglang-releases.md has the
+evidence for every fact here.
 
-Each member declares the policy version its release implements (spec/window.py):
-retention `W + P` in 0.5.14 (`design-margin`; `drop-margin` with that knob),
-`max(W, P)` in 0.5.15 - 0.5.22 (`max-window-page`), `ceil_page(max(W, P))` in 0.5.23.
+Each tree's members are its knobs turned one at a time and in combination (combinations():
+every pair of knobs meets, each in both settings). Each member declares the policy version
+its release implements (spec/window.py): retention `W + P` in 0.5.14 (`design-margin`;
+`drop-margin` with that knob), `max(W, P)` in 0.5.15 - 0.5.22 (`max-window-page`),
+`ceil_page(max(W, P))` in 0.5.23; and whether its chunked prefill releases (chunk_release).
 """
 
 from dataclasses import dataclass
@@ -30,11 +39,17 @@ from kvspec.conformance.harness.families import Family, PreparedMembers
 from .environment import RELEASES, activate, install_command
 
 KNOBS = {
-    "chunk-release": ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "1"),
-    "no-chunk-release": ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "0"),
-    "drop-margin": ("SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN", "1"),
-    "early-swa-unlock": ("SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "1"),
+    "chunk-release": {"environment": {"SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS": "1"}},
+    "no-chunk-release": {"environment": {"SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS": "0"}},
+    "drop-margin": {"environment": {"SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN": "1"}},
+    "early-swa-unlock": {"environment": {"SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW": "1"}},
+    "swa-compact": {"environment": {"SGLANG_OPT_SWA_RADIX_CACHE_COMPACT": "1"}},
+    "split-leaf": {"environment": {"SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT": "1"}},
+    "need-sort": {"need_sort": True},
+    "evict-lfu": {"eviction_policy": "lfu"},
 }
+"""What each knob sets: SGLang environment variables, or the engine's keyword arguments
+(adapters/sglang/engine.py: the allocator's need_sort, the tree's eviction policy)."""
 GENERATIONS = {
     # first release of an API generation: the module of its engine shim (releases/api_*.py)
     "0.5.14": "api_0_5_14", "0.5.16": "api_0_5_16", "0.5.17": "api_0_5_17", "0.5.19": "api_0_5_19",
@@ -70,13 +85,29 @@ class Release:
         return key(self.release) >= (0, 5, 18)
 
     def knobs(self, tree: str) -> tuple[str, ...]:
-        """The knobs a member of this tree may turn from their default."""
+        """The knobs a member of this tree may turn from their default, in the order a
+        member's name gives them."""
         knobs = ["early-swa-unlock"]
         if tree != "legacy":
             knobs.insert(0, "no-chunk-release" if self.chunk_release_default else "chunk-release")
         if self.release == "0.5.14":
             knobs.append("drop-margin")
+        if tree == "legacy":
+            knobs += ["swa-compact", "split-leaf"]
+        knobs.append("need-sort")
+        if tree != "legacy":
+            knobs.append("evict-lfu")
         return tuple(knobs)
+
+    def combinations(self, tree: str) -> tuple[tuple[str, ...], ...]:
+        """The knob settings of this tree's members: the defaults, each knob alone, and a
+        covering array of strength 2 (every knob but one, for each one; both, for two
+        knobs), so that every two knobs meet in all four settings."""
+        knobs = self.knobs(tree)
+        alone = [(knob,) for knob in knobs]
+        together = [knobs] if len(knobs) == 2 else \
+            [tuple(knob for knob in knobs if knob != left_out) for left_out in knobs] if len(knobs) > 2 else []
+        return ((), *alone, *together)
 
     def chunk_release(self, tree: str, knobs: tuple[str, ...]) -> bool:
         """Whether a chunked prefill releases its out-of-window SWA (the spec policy's
@@ -110,9 +141,12 @@ def shim_modules(release: Release) -> tuple[str, ...]:
 
 def make_engine(config, release: Release, tree: str, knobs: tuple[str, ...]):
     activate(release.release)
+    settings = {"environment": {}}
+    for knob in knobs:
+        for name, value in KNOBS[knob].items():
+            settings[name] = {**settings[name], **value} if name == "environment" else value
     return engine_class(release)(config, tree=tree, release=release.release,
-                                 policy_version=release.policy_version(knobs),
-                                 environment={variable: value for variable, value in map(KNOBS.get, knobs)})
+                                 policy_version=release.policy_version(knobs), **settings)
 
 
 def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
@@ -158,7 +192,7 @@ def members() -> dict[str, type]:
     found = {}
     for release in map(Release, RELEASES):
         for tree in release.trees:
-            for knobs in ((), *((knob,) for knob in release.knobs(tree))):
+            for knobs in release.combinations(tree):
                 adapter = member(release, tree, knobs)
                 found[adapter.name.removeprefix("sglang@")] = adapter
     return found
