@@ -139,7 +139,9 @@ class NO_CHUNK_RELEASE(Mutant, slug="no-chunk-release", engine=engine_with_swa_c
     live SWA on all of it, and a long prompt holds O(prompt) SWA slots instead of O(W)
     per chunk. Decode steps still evict. A chunk whose insert ends more than
     `ceil_page(max(W, P)) + P` tokens past the cursor publishes more live SWA than
-    `eviction_span_bound` allows: I9."""
+    `eviction_span_bound` allows: I9. A bug under a policy with chunk release (the
+    default); the policy itself without it (`chunk_release` off, WIN-4: the same engine
+    conforms there, tests/test_chunk_release.py)."""
 
     clause, invariant_class = "I9", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)
