@@ -30,6 +30,11 @@ def main() -> int:
     merge.add_argument("--out", type=Path, default=Path("docs"))
     regress = sub.add_parser("regressions", help="replay the regression vectors on releases (one process each)")
     regress.add_argument("releases", nargs="*", metavar="RELEASE", help="default: every installed release")
+    write = sub.add_parser("reproduce", help="write a trace as one Python file that shows it with SGLang alone "
+                                             "(reproduce.py)")
+    write.add_argument("trace", type=Path)
+    write.add_argument("--member", required=True, help="the member whose release and tree it drives: sglang@0.5.18")
+    write.add_argument("--out", type=Path, required=True, help="the Python file to write")
     args = parser.parse_args()
     if args.command == "install":
         install_requirements()
@@ -44,6 +49,9 @@ def main() -> int:
     if args.command == "table":
         from .history import table
         return table(args.shards, args.out)
+    if args.command == "reproduce":
+        from .reproduce import main as reproduce
+        return reproduce(args.trace, args.member, args.out)
     from .regressions import report
     return report(args.releases)
 

@@ -1,0 +1,108 @@
+"""The standalone reproductions of SGLang's bugs (vectors/reproductions/sglang/, written by
+`python -m kvspec.adapters.sglang.releases reproduce`, adapters/sglang/releases/reproduce.py):
+each committed file is what the command writes today from the trace and member its docstring
+names, it imports nothing of kvspec's, and run as a maintainer runs it (`PYTHONPATH=<release
+folder> python FILE.py`, in a process of its own) it fails with an AssertionError on the release
+with the bug and exits 0 on the release that fixed it.
+
+A release that is not installed skips its runs (a failure under CI's
+KVSPEC_REQUIRE_SGLANG_RELEASES=1, as in tests/test_sglang_releases.py)."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvspec.adapters.sglang.releases import environment
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "vectors" / "reproductions" / "sglang"
+REQUIRED = os.environ.get("KVSPEC_REQUIRE_SGLANG_RELEASES") == "1"
+
+REPRODUCTIONS = {
+    # file: (the release it fails on, the release it passes on or None where no release fixed it,
+    #        what fails there: the file's check, or SGLang's own assertion)
+    "grouped-swa-free-remap.py": ("0.5.18", "0.5.19", "check_tree_is_allocated"),
+}
+
+
+def require_release(release):
+    if not environment.installed(release):
+        if REQUIRED:
+            pytest.fail(f"SGLang {release} is not installed: {environment.install_command(release)}")
+        pytest.skip(f"SGLang {release} is not installed: {environment.install_command(release)}")
+
+
+def written_from(path: Path) -> tuple[str, str]:
+    """(trace, member) that the file's docstring says it was written from."""
+    text = " ".join(path.read_text().split())
+    found = re.search(r"from the trace (\S+) \(`python -m kvspec\.adapters\.sglang\.releases reproduce TRACE "
+                      r"--member (\S+) --out", text)
+    assert found, f"{path.name} does not say what it was written from"
+    return found[1], found[2]
+
+
+def run(path: Path, release: str) -> subprocess.CompletedProcess:
+    """The file as a maintainer runs it: the release's folder on PYTHONPATH and nothing else of
+    kvspec's (torch and the rest are the interpreter's own site-packages)."""
+    env = {**os.environ, "PYTHONPATH": str(environment.folder(release))}
+    return subprocess.run([sys.executable, path.name], cwd=path.parent, env=env, check=False, capture_output=True, text=True,
+                          timeout=600)
+
+
+def last_error(done: subprocess.CompletedProcess) -> str:
+    return next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "")
+
+
+def test_every_committed_reproduction_is_listed():
+    assert sorted(path.name for path in FOLDER.glob("*.py")) == sorted(REPRODUCTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
+def test_a_reproduction_imports_sglang_torch_and_the_standard_library_only(name):
+    """transformers: SGLang's own dependency, patched up to 0.5.19 so that SGLang imports beside it;
+    torchvision: tried, and stood in for where it is missing."""
+    tree = ast.parse((FOLDER / name).read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert modules - set(sys.stdlib_module_names) <= {"sglang", "torch", "transformers", "torchvision"}, modules
+
+
+@pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
+def test_a_reproduction_is_what_the_command_writes_from_its_trace(name, tmp_path):
+    trace, member = written_from(FOLDER / name)
+    require_release(member.removeprefix("sglang@").split("-")[0].split("+")[0])
+    out = tmp_path / name
+    done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", trace,
+                           "--member", member, "--out", str(out)], cwd=ROOT, check=False, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.read_text() == (FOLDER / name).read_text(), \
+        f"{name} is not what the command writes today: regenerate it (its docstring has the command)"
+
+
+@pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
+def test_a_reproduction_fails_where_its_bug_shipped(name):
+    affected, _, expected = REPRODUCTIONS[name]
+    require_release(affected)
+    done = run(FOLDER / name, affected)
+    error = last_error(done)
+    assert done.returncode != 0 and error.startswith("AssertionError"), done.stdout + done.stderr[-3000:]
+    if expected == "SGLang":  # SGLang's own assertion, raised inside SGLang
+        assert "after step" not in error and "sglang" in done.stderr.rsplit("Traceback", 1)[-1]
+    else:  # the file's own check, in plain words
+        assert f"in {expected}" in done.stderr and "after step" in error, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(name for name, (_, fixed, _) in REPRODUCTIONS.items() if fixed))
+def test_a_reproduction_passes_where_its_bug_is_fixed(name):
+    _, fixed, _ = REPRODUCTIONS[name]
+    require_release(fixed)
+    done = run(FOLDER / name, fixed)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.strip().endswith(f"SGLang {fixed}: every check held")
