@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.adapters.sglang.releases import environment
+from kvspec.adapters.sglang.releases.reproduce import CHECKS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "vectors" / "reproductions" / "sglang"
@@ -27,6 +28,13 @@ REPRODUCTIONS = {
     # file: (the release it fails on, the release it passes on or None where no release fixed it,
     #        what fails there: the file's check, or SGLang's own assertion)
     "grouped-swa-free-remap.py": ("0.5.18", "0.5.19", "check_tree_is_allocated"),
+    "decode-eviction-phase.py": ("0.5.17", "0.5.18", "check_window_bound"),
+    "revive-frees-locked-full.py": ("0.5.14", "0.5.15", "check_rows_are_allocated"),
+    "checkpoint-short-rematch.py": ("0.5.22", "0.5.23", "check_one_owner"),
+    "checkpoint-short-rematch-finish.py": ("0.5.22", "0.5.23", "check_drained"),
+    "checkpoint-short-rematch-assert.py": ("0.5.22", "0.5.23", "SGLang"),
+    # not fixed in any release; its Rust tree core is checked by test_the_pd_tail_shows_on_the_rust_core_too
+    "pd-tail-not-rounded.py": ("0.5.23", None, "check_checkpoint_matches"),
 }
 
 
@@ -58,8 +66,10 @@ def last_error(done: subprocess.CompletedProcess) -> str:
     return next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "")
 
 
-def test_every_committed_reproduction_is_listed():
+def test_every_committed_reproduction_is_listed_and_every_check_catches_a_real_bug():
     assert sorted(path.name for path in FOLDER.glob("*.py")) == sorted(REPRODUCTIONS)
+    fired = {expected for _, _, expected in REPRODUCTIONS.values()}
+    assert {check.function for check in CHECKS} <= fired, "a check of reproduce.CHECKS that no real bug fails"
 
 
 @pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
@@ -106,3 +116,19 @@ def test_a_reproduction_passes_where_its_bug_is_fixed(name):
     done = run(FOLDER / name, fixed)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip().endswith(f"SGLang {fixed}: every check held")
+
+
+def test_the_pd_tail_shows_on_the_rust_core_too(tmp_path):
+    """kvspec's I10 reads the Python tree, and the Rust core offers no walk of its nodes; the
+    reproduction's check is SGLang's own prefix match, which the Rust core answers: written for
+    0.5.23's default (Rust) tree, the same trace fails the same way."""
+    require_release("0.5.23")
+    trace, _ = written_from(FOLDER / "pd-tail-not-rounded.py")
+    out = tmp_path / "pd-tail-not-rounded-rust.py"
+    done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", trace,
+                           "--member", "sglang@0.5.23", "--out", str(out)], cwd=ROOT, check=False, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 'tree_core_backend="rust"' in out.read_text()
+    done = run(out, "0.5.23")
+    assert done.returncode != 0 and "a match of them finds 0" in last_error(done), done.stderr[-3000:]
