@@ -72,6 +72,19 @@ def test_every_committed_reproduction_is_listed_and_every_check_catches_a_real_b
     assert {check.function for check in CHECKS} <= fired, "a check of reproduce.CHECKS that no real bug fails"
 
 
+def test_what_the_command_cannot_write_is_exit_2_with_the_reason(tmp_path):
+    vector = ROOT / "vectors" / "regressions" / "sglang" / "grouped-swa-free-remap.jsonl"
+    allocator_trace = next((ROOT / "vectors" / "conformance" / "allocator").rglob("*.jsonl"))
+    for trace, member, says in ((vector, "sglang@0.5.99", "no member of the sglang@ family"),
+                                (allocator_trace, "sglang@0.5.18", "engine-tier trace; this one is allocator-tier"),
+                                (tmp_path / "missing.jsonl", "sglang@0.5.18", "missing.jsonl")):
+        done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", str(trace),
+                               "--member", member, "--out", str(tmp_path / "out.py")], cwd=ROOT, check=False,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert not (tmp_path / "out.py").exists()
+
+
 @pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
 def test_a_reproduction_imports_sglang_torch_and_the_standard_library_only(name):
     """transformers: SGLang's own dependency, patched up to 0.5.19 so that SGLang imports beside it;

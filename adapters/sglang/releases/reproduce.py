@@ -31,6 +31,7 @@ import json
 import keyword
 import os
 import re
+import sys
 import textwrap
 import types
 from array import array
@@ -38,12 +39,13 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvspec.conformance.harness.families import UnavailableMember
 from kvspec.conformance.harness.protocol import PARAMETERS
-from kvspec.conformance.harness.trace import Trace, load
+from kvspec.conformance.harness.trace import Trace, TraceError, load
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.window import decode_window_bound
 
-from .catalog import Release
+from .catalog import Release, key
 from .findings import FINDINGS
 
 QUERIES = frozenset({
@@ -881,9 +883,10 @@ OPERATIONS = {
              "locks the node the match ends on",
     "pd_admit": "a PD decode server takes {rid} ({prompt_len} prompt tokens, their KV computed by a prefill "
                 "server): match, pre-allocate, then checkpoint the prompt into the tree",
-    "prefill_chunk": "extend {rid} by {chunk} tokens, then checkpoint it into the tree",
-    "prefill_batch": "one extend batch ({chunks}); the requests whose prompts it completes are checkpointed "
-                     "into the tree",
+    "prefill_chunk": "extend {rid} by its prompt's next chunk (at most {chunk} tokens), then checkpoint it into "
+                     "the tree",
+    "prefill_batch": "one extend batch (at most {chunks}); the requests whose prompts it completes are "
+                     "checkpointed into the tree",
     "decode": "one decode step of {rid}",
     "finish": "{rid} finishes{stop}; its KV goes into the tree",
     "abort": "{rid} is aborted: its KV is released",
@@ -940,7 +943,7 @@ def record(trace: Trace, member: str) -> Recording:
     if not member.startswith("sglang@") or slug not in MEMBERS:
         raise ReproductionError(f"{member!r} is no member of the sglang@ family (catalog.py): e.g. sglang@0.5.18")
     if trace.tier != "engine":
-        raise ReproductionError(f"a reproduction is written from an engine-tier trace, not a {trace.tier} one")
+        raise ReproductionError(f"a reproduction is written from an engine-tier trace; this one is {trace.tier}-tier")
     adapter = MEMBERS[slug]  # makes its release this process's SGLang
     engine, recorder = build(adapter, trace)
     base = type(engine).__mro__[1]
@@ -1083,7 +1086,8 @@ def docstring(recording: Recording, trace_path: Path, out: Path) -> str:
     paragraphs = [f"Exit status 0: every check held. An AssertionError: the bug, in plain terms. {verdict}",
                   trace.description, f"What it checks: {checks}." if checks else "It checks nothing of its own: "
                   "SGLang's own assertion is what fails.", made]
-    body = "\n\n".join(textwrap.fill(paragraph, 96, break_on_hyphens=False) for paragraph in paragraphs)
+    body = "\n\n".join(textwrap.fill(paragraph, 96, break_on_hyphens=False) for paragraph in paragraphs
+                         if paragraph)
     return f'"""{title}\n\n    PYTHONPATH=<the folder holding SGLang\'s sglang/> python {out.name}\n\n{body}\n"""\n'
 
 
@@ -1092,7 +1096,7 @@ def import_lines(imports: dict[str, set[str]]) -> list[str]:
     for module in sorted(imports):
         names = ", ".join(sorted(imports[module]))
         line = f"from {module} import {names}"
-        lines.append(line if len(line) <= 110 else f"from {module} import (\n    {names},\n)")
+        lines.append(line if len(line) <= WIDTH else f"from {module} import (\n    {names},\n)")
     return lines
 
 
@@ -1128,7 +1132,7 @@ def source(recording: Recording, trace_path: Path, out: Path) -> str:
     if cleared:
         environment += [*wrap(f"for name in ({', '.join(cleared)}):"), "    os.environ.pop(name, None)"]
     cpu = []
-    if key(release) <= (0, 5, 21) and config.page_size > 1:
+    if key(release)[:3] <= (0, 5, 21) and config.page_size > 1:
         decodes = any(step.op in ("decode", "drain") for step in steps)
         cpu += [CPU_KERNELS.replace("{paged}", s.paged.__name__).replace(
                     "{and_decode}", ", and for decode 0.5.22's alloc_decode_naive, restated" if decodes else ""),
@@ -1174,15 +1178,10 @@ def source(recording: Recording, trace_path: Path, out: Path) -> str:
     built, _, steps_text = body.partition(HELPERS)
     return joined([
         docstring(recording, trace_path, out), "\n".join(standard), "\n".join(environment), TORCHVISION,
-        SHIPPED_CONFIGS if key(release) <= (0, 5, 19) else "", WARNINGS,
+        SHIPPED_CONFIGS if key(release)[:3] <= (0, 5, 19) else "", WARNINGS,
         "import torch\n" + "\n".join(import_lines(imports)), *cpu, "\n".join(constants), built, *helpers, *checks,
         "# -- the trace's steps " + "-" * (WIDTH - 22) + "\n\n" + steps_text.strip("\n"),
         'print(f"SGLang {__version__}: every check held")'])
-
-
-def key(release: str) -> tuple[int, ...]:
-    from .catalog import key as release_key
-    return release_key(release)[:3]
 
 
 def reproduce(trace_path: Path, member: str, out: Path) -> str:
@@ -1193,11 +1192,12 @@ def reproduce(trace_path: Path, member: str, out: Path) -> str:
 
 
 def main(trace_path: Path, member: str, out: Path) -> int:
-    """The command: 0 once written; 2, with the reason, for a trace or member it cannot write."""
+    """The command: 0 once written; 2, with the reason, for a trace, member or output path it
+    cannot write a reproduction of or to (a release not installed says how to install it)."""
     try:
         reproduce(trace_path, member, out)
-    except ReproductionError as error:
-        print(f"reproduce: {error}", file=__import__("sys").stderr)
+    except (ReproductionError, TraceError, UnavailableMember, OSError) as error:
+        print(f"reproduce: {error}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

@@ -164,7 +164,7 @@ r2 = Req(rid="r2", origin_input_text="",
 r2.init_next_round_input(tree_cache)
 r2.lock = tree_cache.lock(r2.last_node)
 
-# step 3: extend r2 by 17 tokens, then checkpoint it into the tree
+# step 3: extend r2 by its prompt's next chunk (at most 17 tokens), then checkpoint it into the tree
 r2.refresh_fill_ids()
 r2.extend_end = 17
 batch = schedule_batch([r2], ForwardMode.EXTEND)
@@ -179,7 +179,7 @@ alloc_for_extend(batch)
 r2.extend_batch_idx = 1
 checkpoint_kv_cache(r2, tree_cache)
 
-# step 4: extend r2 by 17 tokens, then checkpoint it into the tree
+# step 4: extend r2 by its prompt's next chunk (at most 17 tokens), then checkpoint it into the tree
 r2.refresh_fill_ids()
 r2.extend_end = 19
 batch = schedule_batch([r2], ForwardMode.EXTEND)
@@ -199,7 +199,7 @@ r2.output_ids.append(0)
 r2.finished_reason = FINISH_LENGTH(length=1)
 release_kv_cache(r2, tree_cache, checkpoint=True)
 
-# step 6: extend r1 by 15 tokens, then checkpoint it into the tree
+# step 6: extend r1 by its prompt's next chunk (at most 15 tokens), then checkpoint it into the tree
 r1.refresh_fill_ids()
 r1.extend_end = 15
 batch = schedule_batch([r1], ForwardMode.EXTEND)

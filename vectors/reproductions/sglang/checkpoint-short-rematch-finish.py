@@ -171,7 +171,7 @@ r1 = Req(rid="r1", origin_input_text="", origin_input_ids=array("q", [1, 2, 3]),
 r1.init_next_round_input(tree_cache)
 r1.lock = tree_cache.lock(r1.last_node)
 
-# step 2: extend r1 by 3 tokens, then checkpoint it into the tree
+# step 2: extend r1 by its prompt's next chunk (at most 3 tokens), then checkpoint it into the tree
 r1.refresh_fill_ids()
 r1.extend_end = 3
 batch = schedule_batch([r1], ForwardMode.EXTEND)

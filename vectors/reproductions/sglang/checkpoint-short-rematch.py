@@ -228,7 +228,7 @@ r1.init_next_round_input(tree_cache)
 r1.lock = tree_cache.lock(r1.last_node)
 check("after step 1 (admit)", [r1])
 
-# step 2: extend r1 by 19 tokens, then checkpoint it into the tree
+# step 2: extend r1 by its prompt's next chunk (at most 19 tokens), then checkpoint it into the tree
 r1.refresh_fill_ids()
 r1.extend_end = 19
 batch = schedule_batch([r1], ForwardMode.EXTEND)

@@ -203,7 +203,7 @@ r1.swa_uuid_for_lock = None
 r1.skip_lock_node_ids = {}
 check("after step 1 (admit)", [r1])
 
-# step 2: extend r1 by 4 tokens, then checkpoint it into the tree
+# step 2: extend r1 by its prompt's next chunk (at most 4 tokens), then checkpoint it into the tree
 r1._refresh_fill_ids()
 r1.set_extend_range(0, 4)
 batch = schedule_batch([r1], ForwardMode.EXTEND)
@@ -234,7 +234,7 @@ r2.swa_uuid_for_lock = None
 r2.skip_lock_node_ids = {}
 check("after step 3 (admit)", [r1, r2])
 
-# step 4: extend r2 by 4 tokens, then checkpoint it into the tree
+# step 4: extend r2 by its prompt's next chunk (at most 4 tokens), then checkpoint it into the tree
 r2._refresh_fill_ids()
 r2.set_extend_range(0, 4)
 batch = schedule_batch([r2], ForwardMode.EXTEND, forward_iter=1)

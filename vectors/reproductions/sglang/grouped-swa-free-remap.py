@@ -271,7 +271,7 @@ b.swa_uuid_for_lock = None
 b.skip_lock_node_ids = {}
 check("after step 2 (admit)", [a, b])
 
-# step 3: one extend batch (a: 28 tokens, b: 22 tokens); the requests whose prompts it completes are
+# step 3: one extend batch (at most a: 28 tokens, b: 22 tokens); the requests whose prompts it completes are
 # checkpointed into the tree
 a._refresh_fill_ids()
 a.set_extend_range(0, 28)

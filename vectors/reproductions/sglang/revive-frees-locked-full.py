@@ -272,7 +272,7 @@ tree_cache.inc_lock_ref(r2.last_node)
 r2.swa_uuid_for_lock = None
 check("after step 2 (admit)", [r1, r2])
 
-# step 3: extend r2 by 3 tokens, then checkpoint it into the tree
+# step 3: extend r2 by its prompt's next chunk (at most 3 tokens), then checkpoint it into the tree
 set_extend_range(r2, 0, 3)
 batch = schedule_batch([r2], ForwardMode.EXTEND)
 batch.prefix_lens = [0]
@@ -289,7 +289,7 @@ r2.extend_batch_idx = 1
 maybe_cache_unfinished_req(r2, tree_cache, chunked=True)
 check("after step 3 (prefill_chunk)", [r1, r2])
 
-# step 4: extend r2 by 3 tokens, then checkpoint it into the tree
+# step 4: extend r2 by its prompt's next chunk (at most 3 tokens), then checkpoint it into the tree
 set_extend_range(r2, 3, 6)
 batch = schedule_batch([r2], ForwardMode.EXTEND, forward_iter=1)
 batch.prefix_lens = [3]
@@ -307,7 +307,7 @@ maybe_cache_unfinished_req(r2, tree_cache, chunked=False)
 r2.output_ids.append(0)
 check("after step 4 (prefill_chunk)", [r1, r2])
 
-# step 5: extend r1 by 1 tokens, then checkpoint it into the tree
+# step 5: extend r1 by its prompt's next chunk (at most 1 tokens), then checkpoint it into the tree
 set_extend_range(r1, 0, 1)
 batch = schedule_batch([r1], ForwardMode.EXTEND, forward_iter=2)
 batch.prefix_lens = [0]
