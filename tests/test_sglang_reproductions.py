@@ -75,12 +75,15 @@ def test_every_committed_reproduction_is_listed_and_every_check_catches_a_real_b
 def test_what_the_command_cannot_write_is_exit_2_with_the_reason(tmp_path):
     vector = ROOT / "vectors" / "regressions" / "sglang" / "grouped-swa-free-remap.jsonl"
     allocator_trace = next((ROOT / "vectors" / "conformance" / "allocator").rglob("*.jsonl"))
-    for trace, member, says in ((vector, "sglang@0.5.99", "no member of the sglang@ family"),
-                                (allocator_trace, "sglang@0.5.18", "engine-tier trace; this one is allocator-tier"),
-                                (tmp_path / "missing.jsonl", "sglang@0.5.18", "missing.jsonl")):
+    nowhere = {**os.environ, "KVSPEC_SGLANG_RELEASES": str(tmp_path)}
+    for trace, member, says, env in (
+            (vector, "sglang@0.5.99", "no member of the sglang@ family", os.environ),
+            (allocator_trace, "sglang@0.5.18", "engine-tier trace; this one is allocator-tier", os.environ),
+            (tmp_path / "missing.jsonl", "sglang@0.5.18", "missing.jsonl", os.environ),
+            (vector, "sglang@0.5.18", "SGLang 0.5.18 is not installed", nowhere)):
         done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", str(trace),
-                               "--member", member, "--out", str(tmp_path / "out.py")], cwd=ROOT, check=False,
-                              capture_output=True, text=True, timeout=600)
+                               "--member", member, "--out", str(tmp_path / "out.py")], cwd=ROOT, env=env,
+                              check=False, capture_output=True, text=True, timeout=600)
         assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert not (tmp_path / "out.py").exists()
 
