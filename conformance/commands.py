@@ -10,6 +10,7 @@
     kvspec diff-helpers --adapter X
     kvspec zoo     [--implementation all|reference|sglang|...] [--only TEXT] [--json F] [-n WORKERS]
     kvspec spec    [--out DIR] [--tests DIR]
+    kvspec bisect  TRACE --family PREFIX [--members PREFIX...] [--json F] [-n WORKERS] (runs/bisect.py)
 
 `check` plans its runs (runs/plan.py) from the adapter's declaration, which a worker
 process loads (the harness's own process never imports an adapter), runs each in a worker
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .explore import add_command as add_explore
     from .review.diff_helpers import add_command as add_diff_helpers
     from .review.spec_view import add_command as add_spec
+    from .runs.bisect import add_command as add_bisect
     from .zoo.zoo import add_command as add_zoo
 
     parser = argparse.ArgumentParser(prog="kvspec", description="kvspec: the executable specification, reference "
@@ -373,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay_parser.set_defaults(func=replay_command)
 
     zoo_parser = add_zoo(commands)
-    for command in (check_parser, explore_parser, replay_parser, zoo_parser):
+    bisect_parser = add_bisect(commands)
+    for command in (check_parser, explore_parser, replay_parser, zoo_parser, bisect_parser):
         command.add_argument("-n", "--workers", type=int, default=1, metavar="WORKERS",
                              help=f"runs in parallel, each in its own process (this machine has {os.cpu_count()} CPUs)")
         command.add_argument("--step-timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
@@ -403,7 +406,8 @@ def run(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "workers", 1) < 1:
         parser.error("-n/--workers must be at least 1")
-    if args.command in ("check", "explore", "replay", "zoo", "vectors") and (problem := checks_mode_problem()):
+    replaying = ("check", "explore", "replay", "zoo", "vectors", "bisect")
+    if args.command in replaying and (problem := checks_mode_problem()):
         parser.error(problem)  # before any worker: each would inherit it
     if getattr(args, "json", None) and args.json == getattr(args, "junit", None):
         parser.error(f"--json and --junit name the same file, {args.json}; give each report a file of its own")

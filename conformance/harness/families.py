@@ -81,6 +81,17 @@ class Family:
     """`module:attribute` of a function saying whether the members can run here, for an engine
     that is no importable module until activated (a build kept in a cache folder)."""
 
+    versions_at: str = ""
+    """`module:attribute` of the family's versions, oldest first (an engine's releases), for
+    `kvspec bisect`; "" for a family whose members are no versions of one thing (a bug zoo):
+    then they are all of one version."""
+    placed_at: str = ""
+    """`module:attribute` of a function adapter -> (version, line): the version of `versions`
+    the member is of, and its line, what it is besides its version (a tree, knobs turned from
+    their defaults), so that the members of one line differ only by their version. Members of
+    one version share a process (one process imports one release of an engine). "": each
+    member is a line of its own, of the family's one version."""
+
     def installed(self) -> bool:
         if self.installed_at:
             return load(self.installed_at)()
@@ -91,6 +102,13 @@ class Family:
 
     def left_out(self) -> dict[str, str]:
         return load(self.left_out_at) if self.left_out_at else {}
+
+    def versions(self) -> tuple[str, ...]:
+        return tuple(load(self.versions_at)) if self.versions_at else ("",)
+
+    def placement(self, slug: str, adapter: Any) -> tuple[str, str]:
+        """(version, line) of a member (`placed_at`)."""
+        return load(self.placed_at)(adapter) if self.placed_at else ("", slug)
 
 
 class PreparedMembers(Mapping):

@@ -1,5 +1,6 @@
 """`python -m kvspec.adapters.sglang.releases`: install releases, run the history matrix,
-write its table, replay the regression vectors. See environment.py, history.py, regressions.py."""
+write its table, replay the regression vectors, bisect them against their findings' ranges.
+See environment.py, history.py, regressions.py."""
 
 import argparse
 from pathlib import Path
@@ -28,8 +29,16 @@ def main() -> int:
     merge = sub.add_parser("table", help="merge history shards into sglang-history.md and .json")
     merge.add_argument("shards", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, default=Path("docs"))
+    merge.add_argument("--no-bisect", action="store_true", help="explain violations by their findings' patterns "
+                       "only, without bisecting each one's trace along its line (the table says so)")
+    merge.add_argument("-n", "--workers", type=int, default=1, help="releases bisected at once (one process each)")
     regress = sub.add_parser("regressions", help="replay the regression vectors on releases (one process each)")
     regress.add_argument("releases", nargs="*", metavar="RELEASE", help="default: every installed release")
+    regress.add_argument("-n", "--workers", type=int, default=1, help="releases replayed at once (one process each)")
+    bisected = sub.add_parser("ranges", help="bisect each finding's vector on every member: does it reproduce on "
+                                             "exactly the releases the finding declares, on each line?")
+    bisected.add_argument("findings", nargs="*", metavar="FINDING", help="default: every finding with a vector")
+    bisected.add_argument("-n", "--workers", type=int, default=1, help="releases replayed at once")
     write = sub.add_parser("reproduce", help="write a trace as one Python file that shows it with SGLang alone "
                                              "(reproduce.py)")
     write.add_argument("trace", type=Path)
@@ -48,12 +57,15 @@ def main() -> int:
         return 0
     if args.command == "table":
         from .history import table
-        return table(args.shards, args.out)
+        return table(args.shards, args.out, bisect=not args.no_bisect, workers=args.workers)
+    if args.command == "ranges":
+        from .regressions import ranges
+        return ranges(args.findings, args.workers)
     if args.command == "reproduce":
         from .reproduce import main as reproduce
         return reproduce(args.trace, args.member, args.out)
     from .regressions import report
-    return report(args.releases)
+    return report(args.releases, args.workers)
 
 
 if __name__ == "__main__":

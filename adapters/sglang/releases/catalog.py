@@ -202,6 +202,16 @@ MEMBERS = PreparedMembers(members(), lambda adapter: activate(adapter.release))
 """The family's members; looking one up makes its release this process's SGLang
 (environment.activate) before the harness starts its forkserver, whose preload then
 activates the same release (KVSPEC_SGLANG_RELEASE), so every worker imports it too."""
+
+
+def placement(adapter) -> tuple[str, str]:
+    """A member's release and its line for `kvspec bisect`: its tree and the knobs it turns
+    (`python`, `rust+early-swa-unlock`), what stays the same from release to release."""
+    return adapter.release, adapter.tree + "".join(f"+{knob}" for knob in adapter.knobs)
+
+
 FAMILY = Family(prefix="sglang@", implementation="sglang", shown_as="SGLang's releases",
                 members_at="kvspec.adapters.sglang.releases.catalog:MEMBERS", seeded=False,
-                install=install_command("RELEASE"))
+                install=install_command("RELEASE"),
+                versions_at="kvspec.adapters.sglang.releases.environment:RELEASES",
+                placed_at="kvspec.adapters.sglang.releases.catalog:placement")

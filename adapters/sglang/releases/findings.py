@@ -3,13 +3,16 @@ code (docs/engines/sglang-findings.md has the lines, the fix, and the regression
 
 A finding matches a violated run of the table when the run's release is in the finding's
 range, its tree is one the finding names, and one of the run's violated clauses is the
-finding's. The table marks any violation no finding matches UNEXPLAINED.
+finding's. It explains the violation when, besides, the run's trace bisects to the
+finding's range (`disagreement`: history.py). The table marks any violation no finding
+explains UNEXPLAINED.
 """
 
 import re
 from dataclasses import dataclass
 
 from kvspec.conformance.harness.declarations import Run
+from kvspec.conformance.runs.bisect import PASSES, RAN, REPRODUCES, Outcome, ranges
 
 from .catalog import key
 
@@ -112,3 +115,38 @@ def shows_in(described: dict | None, run: Run) -> bool:
 
 def explain(cell: dict, run: dict) -> str | None:
     return next((finding.id for finding in FINDINGS if finding.matches(cell, run)), None)
+
+
+def as_run(outcome: Outcome) -> dict:
+    """A bisection's outcome as a table's run reads (`matches`)."""
+    return {"clauses": list(outcome.clauses), "verdict": outcome.kind, "message": outcome.message,
+            "run": outcome.run}
+
+
+def disagreement(finding: Finding, tree: str, knobs: tuple[str, ...] | list[str],
+                 outcomes: list[tuple[str, Outcome]]) -> str | None:
+    """Why a trace's bisection along one line (its members of `tree` with `knobs`, oldest
+    release first, and what each did) disagrees with the finding, or None where the releases
+    it affects are exactly those the finding reaches, among those that ran it. A release is
+    affected where the trace reproduces or fails in a way this finding explains; where
+    another finding explains its failure, the trace stopped at another bug first and says
+    nothing of this one: it is left out, and said."""
+    affected, reached, compared, left_out = [], [], [], []
+    for release, outcome in outcomes:
+        if outcome.verdict not in RAN:
+            continue
+        other = None if outcome.verdict == PASSES else \
+            explain({"release": release, "tree": tree, "knobs": knobs}, as_run(outcome))
+        if other not in (None, finding.id):
+            left_out.append(f"{release} ({other})")
+            continue
+        compared.append(release)
+        if outcome.verdict == REPRODUCES or other == finding.id:
+            affected.append(release)
+        if tree in finding.trees and finding.reaches(release, knobs):
+            reached.append(release)
+    if affected == reached:
+        return None
+    return (f"reproduces on {ranges(affected, compared).replace('-', 'none', affected == [])}, finding says "
+            f"{ranges(reached, compared).replace('-', 'none', reached == [])}"
+            + (f" (stopped first by another finding on {', '.join(left_out)})" if left_out else ""))

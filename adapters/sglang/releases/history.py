@@ -8,10 +8,15 @@ tree x knob), one process per member, and the table of what each found.
 prefix, `--defaults` only each tree at its release's default knobs) and writes `DIR/history[-I-of-N].json`, with each member's own report and traces
 beside it; separate machines or CI jobs run one shard each. `table` merges the shards'
 JSON into `sglang-history.json` and `sglang-history.md`. A violation in the table names
-the finding that explains it (findings.py); one no finding explains is marked
-UNEXPLAINED, and `table` exits 1 until it is explained.
+the finding that explains it: one whose pattern it matches (findings.py) and whose range
+its own trace bisects to, along its line (the members of its tree and knobs, every
+release: `kvspec bisect`, findings.disagreement). One no finding explains is marked
+UNEXPLAINED, with why, and `table` exits 1 until it is explained. The bisections are kept
+beside each shard (BISECTIONS), so a `table` again replays only traces it has not seen;
+`--no-bisect` explains by pattern only, and the table says so.
 """
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,9 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .catalog import MEMBERS, key
+from kvspec.conformance.harness.trace import TraceError, load
+from kvspec.conformance.runs.bisect import Outcome, members_of, replay_pairs
+
+from .catalog import FAMILY, MEMBERS, key, placement
 from .environment import installed
-from .findings import explain
+from .findings import FINDINGS, disagreement, explain
 
 SCHEMA = "kvspec-sglang-history/1"
 
@@ -72,8 +80,9 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
     report, traces = out / "reports" / f"{name}.json", out / "traces" / name
     report.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    # every distinct failure of a run, not only its first: a member's second bug is not hidden
     command = [sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", member, "--profile", profile,
-               "-n", str(workers), "--json", str(report), "--traces", str(traces)]
+               "-n", str(workers), "--json", str(report), "--traces", str(traces), "--multiple-bugs"]
     command += ["--shrink-seconds", str(shrink_seconds)] if shrink_seconds else []
     command += ["--example-database", str(examples)] if examples else []
     command += ["--seed", str(seed)] if seed is not None else []
@@ -84,8 +93,11 @@ def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: fl
         return Cell(**cell, verdict="error", runs=({"label": "check", "verdict": "error", "clauses": [],
                                                    "message": f"exit status {status}; see {log.name}"},), seconds=seconds)
     found = json.loads(report.read_text())
-    runs = tuple({field: run.get(field) for field in ("label", "run", "verdict", "clauses", "message", "trace",
-                                                      "trace_steps", "first_failure_seconds")} for run in found["runs"])
+    fields = ("label", "run", "verdict", "clauses", "message", "trace", "trace_steps", "first_failure_seconds")
+    # a run's further failures are entries of their own, marked `also`: each is explained on its own
+    runs = tuple({field: each.get(field) for field in fields} | extra for run in found["runs"]
+                 for each, extra in ((run, {}), *((dict(other, label=run["label"], run=run["run"]), {"also": True})
+                                                  for other in run.get("other_failures", ()))))
     for run in runs:  # where the shard's folder goes, its traces go: relative to it
         if run["trace"]:
             run["trace"] = str(Path(run["trace"]).resolve().relative_to(out.resolve()))
@@ -123,18 +135,24 @@ def first_failure(cell: dict) -> dict | None:
     return next((run for run in cell["runs"] if run["verdict"] != "ok"), None)
 
 
-def row(cell: dict) -> tuple[str, ...]:
-    """The first failing run's details; the findings of every failing run."""
+def by_pattern(cell: dict, run: dict) -> tuple[str | None, str]:
+    """(the finding that explains a failing run by its pattern alone, or None; why not)."""
+    return explain(cell, run), "no finding matches it"
+
+
+def row(cell: dict, explained=by_pattern) -> tuple[str, ...]:
+    """The first failing run's details; the findings of every failing run (`explained`:
+    by_pattern, or Bisections.explained)."""
     run = first_failure(cell)
     knobs = ", ".join(cell["knobs"]) or "defaults"
     failed = [r for r in cell["runs"] if r["verdict"] != "ok"]
     verdict = cell["verdict"] + (f" ({len(failed)} of {len(cell['runs'])} runs)" if failed else "")
     if run is None:
         return (cell["release"], cell["tree"], knobs, cell["policy_version"], verdict, "", "", "", "")
-    findings = [explain(cell, r) for r in failed]
-    named = [f"[{f}](engines/sglang-findings.md#{f})" for f in dict.fromkeys(f for f in findings if f)]
-    if None in findings:
-        named.append("UNEXPLAINED: " + ", ".join(r["label"] for r, f in zip(failed, findings) if f is None))
+    findings = [explained(cell, r) for r in failed]
+    named = [f"[{f}](engines/sglang-findings.md#{f})" for f in dict.fromkeys(f for f, _ in findings if f)]
+    if unexplained := [f"{r['label']} ({why})" for r, (f, why) in zip(failed, findings) if f is None]:
+        named.append("UNEXPLAINED: " + "; ".join(unexplained))
     seconds = run.get("first_failure_seconds")
     return (cell["release"], cell["tree"], knobs, cell["policy_version"], verdict,
             f"{', '.join(run['clauses']) or run['verdict']} ({run['label']})", str(run.get("trace_steps") or ""),
@@ -145,23 +163,31 @@ HEADER = ("release", "tree", "knobs", "policy", "verdict", "first violated claus
           "s to 1st counterexample", "explained by (every failing run)")
 
 
-def table(shards: list[Path], out: Path) -> int:
-    by_member, profiles = {}, set()
+def table(shards: list[Path], out: Path, bisect: bool = False, workers: int = 1) -> int:
+    """Merge the shards into the table; with `bisect` (the command's default), a violation
+    is explained only where its trace also bisects to its finding's range."""
+    by_member, profiles, folders = {}, set(), {}
     for path in shards:  # a member checked in several shards: the last one given counts
         document = json.loads(path.read_text())
         if document.get("schema") != SCHEMA:
             raise SystemExit(f"{path}: not a history shard (schema {document.get('schema')!r}, expected {SCHEMA})")
         profiles.add(document["profile"])
         by_member.update((cell["member"], cell) for cell in document["cells"])
+        folders.update((cell["member"], path.parent) for cell in document["cells"])
     cells = sorted(by_member.values(), key=lambda cell: (key(cell["release"]), cell["member"]))
-    rows = [row(cell) for cell in cells]
+    explained = Bisections(cells, folders, workers).explained if bisect else by_pattern
+    rows = [row(cell, explained) for cell in cells]
+    how = ("its own shrunk trace reproduces, along its line (the same tree and knobs, every release: "
+           "`kvspec bisect`), on exactly the releases the finding reaches" if bisect else
+           "explained by the findings' patterns only: its trace was not bisected (`table --no-bisect`)")
     lines = ["# SGLang's release history, checked by kvspec", "",
-             f"Written by `python -m kvspec.adapters.sglang.releases table` from `kvspec check --profile "
-             f"{'/'.join(sorted(profiles))}` of {len(cells)} of the {len(MEMBERS)} members of the `sglang@` family "
-             "(adapters/sglang/releases/catalog.py): one row per release, tree and knob turned from its default. "
-             "Each violation is explained in [engines/sglang-findings.md](engines/sglang-findings.md), which also "
-             "says how this table was run.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+             (f"Written by `python -m kvspec.adapters.sglang.releases table` from `kvspec check --profile "
+              f"{'/'.join(sorted(profiles))}` of {len(cells)} of the {len(MEMBERS)} members of the `sglang@` family "
+              "(adapters/sglang/releases/catalog.py): one row per release, tree and knob turned from its default. "
+              "Each violation is explained in [engines/sglang-findings.md](engines/sglang-findings.md), which also "
+              f"says how this table was run; a violation is explained by a finding whose pattern it matches where "
+              f"{how}."),
+             "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     out.mkdir(parents=True, exist_ok=True)
     (out / "sglang-history.md").write_text("\n".join(lines) + "\n")
@@ -170,5 +196,97 @@ def table(shards: list[Path], out: Path) -> int:
     unexplained = [cell["member"] for cell, r in zip(cells, rows) if "UNEXPLAINED" in r[-1]]
     print(f"wrote {out / 'sglang-history.md'}: {len(cells)} members, "
           f"{sum(cell['verdict'] != 'ok' for cell in cells)} with a violation, {len(unexplained)} unexplained"
-          + (f" ({', '.join(unexplained)})" if unexplained else ""))
+          + (f" ({', '.join(unexplained)})" if unexplained else "")
+          + ("" if bisect else "; by the findings' patterns only (--no-bisect)"))
     return 1 if unexplained else 0
+
+
+# -- bisecting the table's traces ---------------------------------------------------------------
+
+BISECTIONS = "bisections.json"
+"""Beside each shard: each trace's outcomes on the members of its line, by the trace's
+SHA-256 (a trace written again is bisected again). Delete it to bisect everything again,
+say after an adapter of the releases changed."""
+BISECTIONS_SCHEMA = "kvspec-sglang-bisections/1"
+
+
+def line_of(cell: dict) -> str:
+    return placement(MEMBERS.members[cell["member"].removeprefix("sglang@")])[1]
+
+
+class Bisections:
+    """Every failing run's trace, bisected along its cell's line: from the cache beside its
+    shard where it holds them, else replayed (one process per release, all traces at once)."""
+
+    def __init__(self, cells: list[dict], folders: dict[str, Path], workers: int = 1):
+        self.members, self.folders = members_of(FAMILY), folders
+        self.outcomes: dict[tuple[Path, str], dict[str, Outcome]] = {}  # (folder, trace) -> member -> outcome
+        self.problems: dict[tuple[Path, str | None], str] = {}  # a run whose trace cannot be bisected: why
+        caches = {folder: self.read_cache(folder) for folder in set(folders.values())}
+        digests, wanted = {}, []  # wanted: (folder, trace, member) still to replay
+        for cell in cells:
+            folder, line = folders[cell["member"]], line_of(cell)
+            for run in (run for run in cell["runs"] if run["verdict"] != "ok"):
+                where = folder, run.get("trace")
+                if where in digests or where in self.problems:
+                    continue
+                if not run.get("trace"):
+                    self.problems[where] = "the run saved no trace to bisect"
+                    continue
+                try:
+                    digests[where] = hashlib.sha256((folder / run["trace"]).read_bytes()).hexdigest()
+                    load(folder / run["trace"])
+                except (OSError, TraceError) as error:
+                    self.problems[where] = f"its trace cannot be read ({error})"
+                    digests.pop(where, None)
+                    continue
+                cached = caches[folder].get(run["trace"], {})
+                known = cached.get("members", {}) if cached.get("sha256") == digests[where] else {}
+                self.outcomes[where] = {name: Outcome.from_json(outcome) for name, outcome in known.items()}
+                wanted += [(folder, run["trace"], member) for member in self.members
+                           if member.line == line and member.name not in known]
+        if not wanted:
+            return
+        print(f"bisecting {len({(folder, trace) for folder, trace, _ in wanted})} trace(s) along their lines: "
+              f"{len(wanted)} replays, one process per release", flush=True)
+        replayed = replay_pairs([(str(folder / trace), member) for folder, trace, member in wanted], workers,
+                                on_version=self.progress)
+        for (folder, trace, _member), outcome in zip(wanted, replayed):
+            self.outcomes[folder, trace][outcome.member] = outcome
+        for folder, cache in caches.items():
+            cache.update({trace: {"sha256": digests[where, trace],
+                                  "members": {name: asdict(outcome) for name, outcome in outcomes.items()}}
+                          for (where, trace), outcomes in self.outcomes.items() if where == folder})
+            try:
+                (folder / BISECTIONS).write_text(json.dumps({"schema": BISECTIONS_SCHEMA, "traces": cache}, indent=1))
+            except OSError as error:  # the table stands; the next one bisects again
+                print(f"could not keep the bisections in {folder / BISECTIONS}: {error.strerror or error}")
+
+    @staticmethod
+    def read_cache(folder: Path) -> dict:
+        try:
+            document = json.loads((folder / BISECTIONS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return document.get("traces", {}) if document.get("schema") == BISECTIONS_SCHEMA else {}
+
+    @staticmethod
+    def progress(release: str, outcomes: list, seconds: float) -> None:
+        print(f"  {release}: {len(outcomes)} replays in {seconds:.1f} s", flush=True)
+
+    def explained(self, cell: dict, run: dict) -> tuple[str | None, str]:
+        """(the first finding whose pattern the run matches and whose range its trace bisects
+        to, or None; why none does)."""
+        candidates = [finding for finding in FINDINGS if finding.matches(cell, run)]
+        if not candidates:
+            return None, "no finding matches it"
+        where = self.folders[cell["member"]], run.get("trace")
+        if where in self.problems:
+            return None, f"{candidates[0].id} by its pattern, but {self.problems[where]}"
+        outcomes = self.outcomes[where]
+        line = [(member.version, outcomes[member.name]) for member in self.members
+                if member.line == line_of(cell) and member.name in outcomes]
+        whys = [disagreement(finding, cell["tree"], cell["knobs"], line) for finding in candidates]
+        if None in whys:
+            return candidates[whys.index(None)].id, ""
+        return None, f"{candidates[0].id} by its pattern, but its trace {whys[0]}"

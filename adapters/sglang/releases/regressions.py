@@ -4,25 +4,29 @@ that has the bug (or keeps the divergence), and pass on every other.
 
 A vector is a kvspec trace under `vectors/regressions/sglang/`, or a known divergence's
 trace under `vectors/divergences/sglang/` (no expected observables are compared: they
-differ between releases). It is replayed with
-the policy version the member declares, so one vector serves releases whose retention
-differs; one process per release, as always. A member that cannot drive the vector's
-steps (a PD admission before 0.5.23) skips it, and says so.
+differ between releases). It is replayed as `kvspec bisect` replays a trace
+(conformance/runs/bisect.py): at the policy the member declares, so one vector serves
+releases whose retention differs; one process per release, as always. A member that
+cannot drive the vector's steps (a PD admission before 0.5.23) skips it, and says so.
 
     python -m kvspec.adapters.sglang.releases regressions [RELEASE ...]
+    python -m kvspec.adapters.sglang.releases ranges [FINDING ...]
+
+`ranges` bisects each finding's vector on every member of the family and says, per
+line (tree and knobs), whether the releases it reproduces on are exactly those the
+finding declares (findings.disagreement).
 """
 
-import json
-import subprocess
-import sys
-from dataclasses import replace
 from pathlib import Path
 
+from kvspec.conformance.harness.protocol import load_adapter
+from kvspec.conformance.harness.trace import load
+from kvspec.conformance.runs.bisect import CANNOT_RUN, PASSES, Outcome, lines, members_of, replay_member, replay_pairs
 from kvspec.conformance.runs.tree import TREE
 
-from .catalog import MEMBERS, Release
+from .catalog import FAMILY, MEMBERS, Release
 from .environment import RELEASES, installed
-from .findings import FINDINGS, Finding, explain
+from .findings import FINDINGS, Finding, as_run, disagreement, explain
 
 ROOT = TREE.parent
 """What a finding's vector path is relative to: the repository, whose vectors/ is the tree
@@ -44,79 +48,66 @@ def expectations(finding: Finding, release: str) -> list[tuple[str, bool]]:
     return found
 
 
-def described(trace) -> dict:
-    """The run a trace was recorded in, as a report describes it (plan.PlannedRun.description):
-    what a finding that shows in some runs only (Finding.runs) reads."""
-    config = trace.config
-    recurrent = bool(config.get("state_slots"))
-    return {"tier": trace.tier, "page_size": config.get("page_size"), "window": config.get("window"),
-            "interval": config.get("policy", {}).get("decode_eviction_interval"),
-            "state_grid": config.get("state_grid", 1) if recurrent else None, "state": recurrent}
+def result(outcome: Outcome) -> dict:
+    """An outcome as this module's results read it (a vector, conforms, a verdict in words)."""
+    found = {"member": outcome.member, "vector": Path(outcome.trace).name, "label": outcome.label}
+    if outcome.verdict == CANNOT_RUN:
+        return dict(found, skipped=outcome.message)
+    conforms = outcome.verdict == PASSES
+    return dict(found, conforms=conforms, stopped_at=outcome.step, clauses=list(outcome.clauses),
+                kind="crashed" if outcome.kind == "crashed" else "violated", run=outcome.run,
+                verdict="conforms" if conforms else f"{outcome.kind} at step {outcome.step}: {outcome.message}")
 
 
 def replay_here(member: str, vector: Path) -> dict:
-    """Replay one vector on one member in this process."""
-    from kvspec.conformance.harness.protocol import load_adapter
-    from kvspec.conformance.harness.replay import replay, unmet_requirements
-    from kvspec.conformance.harness.trace import load
+    """Replay one vector on one member in this process (several members in one process must
+    not leak their knobs into each other: tests/test_sglang_releases.py)."""
+    return result(replay_member(str(vector), load(vector), load_adapter(member)))
 
-    adapter = load_adapter(member)
-    trace = load(vector)
-    config = dict(trace.config, policy=dict(trace.config["policy"], version=adapter.policy_version))
-    trace = replace(trace, config=config, adapter=member)
-    unmet = unmet_requirements(trace, adapter)
-    if unmet:
-        return {"member": member, "vector": vector.name, "skipped": f"needs {', '.join(unmet)}", "label": trace.label}
-    result = replay(trace, adapter, compare=False)
-    failure = result.failure
-    return {"member": member, "vector": vector.name, "conforms": result.conforms, "stopped_at": result.stopped_at,
-            "clauses": list(failure.clauses or ()) if failure else [], "verdict": result.verdict(),
-            "kind": "crashed" if failure is not None and failure.kind == "crashed" else "violated", "label": trace.label,
-            "run": described(trace)}
+
+def judged(finding: Finding, fails: bool, outcome: Outcome) -> dict:
+    """Where a vector is expected to pass, a stop at a violation another finding explains
+    (say the default's missing chunk release, on an older release) is not this bug: it is
+    reported as such, not as a pass."""
+    found = dict(result(outcome), finding=finding.id, expected_to_fail=fails)
+    if outcome.verdict == CANNOT_RUN:
+        return dict(found, as_expected=True)
+    adapter = MEMBERS.members[outcome.member.removeprefix("sglang@")]
+    cell = {"release": adapter.release, "tree": adapter.tree, "knobs": adapter.knobs}
+    other = None if found["conforms"] else explain(cell, as_run(outcome))
+    as_expected = other == finding.id if fails else found["conforms"] or other not in (None, finding.id)
+    return dict(found, as_expected=as_expected, explained_by=other)
+
+
+def replay_releases(releases: list[str], workers: int = 1, on_release=lambda release, results: None) -> list[dict]:
+    """Every vector on the members of each release that expect it (one process per release)."""
+    members = {member.name: member for member in members_of(FAMILY)}
+    expected = [(finding, member, fails) for release in releases for finding in FINDINGS if finding.vector
+                for member, fails in expectations(finding, release)]
+    by_pair = {}
+
+    def judge_release(release, outcomes, seconds):
+        by_pair.update(((o.trace, o.member), o) for o in outcomes)
+        on_release(release, [judged(finding, fails, by_pair[str(ROOT / finding.vector), member])
+                             for finding, member, fails in expected if members[member].version == release])
+
+    replay_pairs([(str(ROOT / finding.vector), members[member]) for finding, member, _ in expected], workers,
+                 on_version=judge_release)
+    return [judged(finding, fails, by_pair[str(ROOT / finding.vector), member]) for finding, member, fails in expected]
 
 
 def replay_release(release: str) -> list[dict]:
     """Every vector on the members of one release (a process of its own)."""
-    command = [sys.executable, "-c", "import json, sys; from kvspec.adapters.sglang.releases.regressions import "
-               "in_process; print(json.dumps(in_process(sys.argv[1])))", release]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"replaying on SGLang {release} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return replay_releases([release])
 
 
-def in_process(release: str) -> list[dict]:
-    """Where a vector is expected to pass, a stop at a violation another finding explains
-    (say the default's missing chunk release, on an older release) is not this bug: it is
-    reported as such, not as a pass."""
-    results = []
-    for finding in FINDINGS:
-        if finding.vector is None:
-            continue
-        for member, fails in expectations(finding, release):
-            result = replay_here(member, ROOT / finding.vector)
-            if "skipped" in result:
-                results.append(dict(result, finding=finding.id, expected_to_fail=fails, as_expected=True))
-                continue
-            adapter = MEMBERS.members[member.removeprefix("sglang@")]
-            cell = {"release": release, "tree": adapter.tree, "knobs": adapter.knobs}
-            run = {"clauses": result["clauses"], "message": result["verdict"].partition(": ")[2],
-                   "verdict": result["kind"], "label": result["label"], "run": result["run"]}
-            other = None if result["conforms"] else explain(cell, run)
-            if fails:
-                as_expected = other == finding.id
-            else:
-                as_expected = result["conforms"] or other not in (None, finding.id)
-            results.append(dict(result, finding=finding.id, expected_to_fail=fails, as_expected=as_expected,
-                                explained_by=other))
-    return results
-
-
-def report(releases: list[str]) -> int:
+def report(releases: list[str], workers: int = 1) -> int:
     releases = releases or [release for release in RELEASES if installed(release)]
     wrong = 0
-    for release in releases:
-        for result in replay_release(release):
+
+    def show(release, results):
+        nonlocal wrong
+        for result in results:
             if "skipped" in result:
                 print(f"skip  {result['vector']} on {result['member']}: {result['skipped']}", flush=True)
                 continue
@@ -129,4 +120,35 @@ def report(releases: list[str]) -> int:
             print(f"{what}: {expected} as expected{stopped}" if result["as_expected"]
                   else f"{what}: expected it {expected}; {result['verdict']}",
                   flush=True)
+
+    replay_releases(releases, workers, show)
     return 1 if wrong else 0
+
+
+def ranges(ids: list[str], workers: int = 1) -> int:
+    """Bisect each finding's vector on every member and compare, line by line, the releases
+    it reproduces on with those the finding declares; exit 1 on any disagreement."""
+    chosen = [finding for finding in FINDINGS if finding.vector and (not ids or finding.id in ids)]
+    if not chosen:
+        raise SystemExit(f"no finding with a vector is named {' or '.join(ids)}; they are "
+                         + ", ".join(dict.fromkeys(f.id for f in FINDINGS if f.vector)))
+    members = members_of(FAMILY)
+    vectors = list(dict.fromkeys(str(ROOT / finding.vector) for finding in chosen))
+    print(f"bisecting {len(vectors)} vector(s) on {len(members)} members, one process per release", flush=True)
+    outcomes = replay_pairs([(vector, member) for vector in vectors for member in members], workers,
+                            on_version=lambda release, done, seconds: print(
+                                f"  {release}: {len(done)} replays in {seconds:.1f} s", flush=True))
+    by_vector = {vector: outcomes[i * len(members):(i + 1) * len(members)] for i, vector in enumerate(vectors)}
+    disagreements = 0
+    for finding in chosen:
+        print(f"\n{finding.id} ({finding.first} - {finding.last}, fixed in {finding.fixed_in or 'none'}; "
+              f"{', '.join(finding.trees)}): {finding.vector}")
+        for line in lines(members, by_vector[str(ROOT / finding.vector)]):
+            first = line.outcomes[0][0]
+            adapter = MEMBERS.members[first.name.removeprefix("sglang@")]
+            why = disagreement(finding, adapter.tree, adapter.knobs,
+                               [(member.version, outcome) for member, outcome in line.outcomes])
+            disagreements += why is not None
+            print(f"  {'ok   ' if why is None else 'DIFF '} {line.line}: {why or 'as declared'}")
+    print(f"\n{disagreements} line(s) where a vector's bisection disagrees with its finding's range")
+    return 1 if disagreements else 0
