@@ -227,10 +227,18 @@ class HybridAllocator:
         self.free_full(full_slots)
 
     def free(self, full_slots: Slots) -> None:
-        """[ALLOC-6] Free full slots and their SWA peers (SWA first: it reads the mapping)."""
+        """[ALLOC-6] Free full slots and their SWA peers where they have one (SWA first: it
+        reads the mapping). Not a strict SWA path: a slot whose SWA KV is already released
+        frees its full KV only, as SGLang's `free` did for a released range before free_full
+        (0.5.19)."""
         full_slots = self.as_slots(full_slots)
         self.full.held_pages_of(full_slots, "free")
-        self.free_swa(full_slots)
+        if self.page_size == 1:  # free_swa is strict there
+            peers = self.mapping[full_slots]
+            self.mapping[full_slots] = NO_SWA_PEER
+            self.swa.release_pages(peers[peers > 0])
+        else:
+            self.free_swa(full_slots)
         self.full.free(full_slots)
 
     def free_segment(self, full_slots: Slots, start_pos: int) -> None:

@@ -27,7 +27,7 @@ def make_allocator(size_full, size_swa, page_size):
 class NO_HELPERS:
     name = "no-helpers"
     policy_version = "sglang-0.5.23"
-    capabilities = ("page_size_1", "page_size_gt_1")
+    capabilities = ("page_size_1", "page_size_gt_1", "full_frees", "segment_frees")
     make_allocator = staticmethod(make_allocator)
 
 

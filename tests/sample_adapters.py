@@ -27,7 +27,7 @@ class LeakyAllocatorAdapter(ReferenceAllocatorAdapter):
 class LEAKY:
     name = "leaky"
     policy_version = "sglang-0.5.23"
-    capabilities = ("page_size_1", "page_size_gt_1")
+    capabilities = ("page_size_1", "page_size_gt_1", "full_frees", "segment_frees")
     make_allocator = LeakyAllocatorAdapter
 
 

@@ -318,7 +318,7 @@ def test_every_free_refuses_a_slot_outside_the_pool(page_size, operation):
 
 
 @pytest.mark.parametrize("page_size, operation", [
-    (1, "free"), (1, "free_swa"), (1, "free_segment"), (1, "free_swa_segment"),
+    (1, "free_swa"), (1, "free_segment"), (1, "free_swa_segment"),
     (4, "free_segment"), (4, "free_swa_segment"),
 ])
 def test_every_strict_free_refuses_an_unmapped_swa_peer(page_size, operation):
@@ -329,6 +329,18 @@ def test_every_strict_free_refuses_an_unmapped_swa_peer(page_size, operation):
     released = row[:P]
     assert_refused(allocator, InvalidFree, *call_free(allocator, operation, row[:2 * P]), slots=released,
                    match="no live SWA peer")
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_free_is_no_strict_path_it_frees_a_released_ranges_full_kv_only(page_size):
+    """ALLOC-6: what an allocator without free_full (SGLang before 0.5.19) frees a released range with."""
+    P = page_size
+    allocator = hybrid(P)
+    row = new_sequence(allocator, 3 * P)
+    allocator.free_swa_segment(row[:P], 0)
+    full, swa = allocator.full_available_size(), allocator.swa_available_size()
+    allocator.free(row)
+    assert (allocator.full_available_size() - full, allocator.swa_available_size() - swa) == (3 * P, 2 * P)
 
 
 @pytest.mark.parametrize("operation", SEGMENT_SHAPED)

@@ -287,7 +287,7 @@ def test_free_accepting_a_slot_twice_breaks_alloc_6(page_size):
 
 # -- an allocator without capability atomic_alloc_decode: still called without room --------------
 
-WITHOUT_ATOMIC_DECODE = frozenset({"swa_tail", "free_groups", "refuses_misuse"})
+WITHOUT_ATOMIC_DECODE = frozenset({"swa_tail", "free_groups", "refuses_misuse", "full_frees", "segment_frees"})
 
 
 def run_without_atomic_decode(allocator_class, page_size: int):

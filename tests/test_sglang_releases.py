@@ -54,9 +54,13 @@ def test_knobs_are_members_only_where_the_release_reads_them():
     assert "0.5.14+chunk-release" not in MEMBERS  # the legacy tree has no chunk release
 
 
-def test_only_members_whose_allocator_has_the_segment_frees_have_the_allocator_tier():
-    assert MEMBERS.members["0.5.20"].__dict__.get("make_allocator") is not None
-    assert "make_allocator" not in vars(MEMBERS.members["0.5.19"])
+def test_every_release_has_the_allocator_tier_with_the_frees_its_allocator_offers():
+    for release in environment.RELEASES:  # at its default tree and knobs: the allocator is the same
+        assert MEMBERS.members[release].__dict__.get("make_allocator") is not None, release
+    assert "make_allocator" not in vars(MEMBERS.members["0.5.19+need-sort"])
+    frees = {"full_frees", "segment_frees", "free_groups"}
+    offered = {release: frees & set(MEMBERS.members[release].capabilities) for release in ("0.5.18", "0.5.19", "0.5.20")}
+    assert offered == {"0.5.18": set(), "0.5.19": {"full_frees"}, "0.5.20": frees}
 
 
 def test_a_release_not_installed_is_a_clear_error(tmp_path, monkeypatch):

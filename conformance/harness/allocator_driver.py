@@ -22,6 +22,7 @@ from kvspec.spec.invariants.allocator import AllocatorView
 from kvspec.spec.outcomes import KvSpecError, Outcome, OutOfMemory
 from kvspec.spec.pages import floor_page, new_pages_for_decode, new_pages_for_extend
 
+from .declarations import Capability
 from .checks import (
     Checks,
     ImplementationCrash,
@@ -56,14 +57,18 @@ class Sequence:
 
 class AllocatorDriver:
     def __init__(self, allocator, page_size: int, observables: frozenset[str], log=lambda line: None,
-                 atomic_decode: bool = True):
+                 capabilities: frozenset[str] = frozenset(Capability)):
         self.allocator = allocator
         self.P = page_size
         self.observables = observables
         self.log = log  # where each call is written as it is made (Hypothesis' note())
         self.sequences: list[Sequence] = []
-        self.atomic_decode = atomic_decode
+        self.atomic_decode = Capability.ATOMIC_ALLOC_DECODE in capabilities
         """False: a failed alloc_decode may keep what it took (no capability atomic_alloc_decode)."""
+        self.full_frees = Capability.FULL_FREES in capabilities
+        """False: a released range is freed with `free` (an allocator without free_full)."""
+        self.segment_frees = Capability.SEGMENT_FREES in capabilities
+        """False: every free is set-shaped (an allocator without the segment frees)."""
         self.kept: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         """Full and SWA pages failed non-atomic decodes kept: charged to them (AllocatorView.kept)."""
         self.group_open = False
@@ -279,7 +284,7 @@ class AllocatorDriver:
         end = min(lo + pages * self.P, hi)
         if end <= lo:
             return
-        if set_shaped and self.P > 1:
+        if (set_shaped and self.P > 1) or not self.segment_frees:
             self.call("free_swa", s.row[lo:end])
         else:
             self.call("free_swa_segment", s.row[lo:end], lo)
@@ -289,12 +294,14 @@ class AllocatorDriver:
         """Free positions [lo, hi) of s: full-only below its SWA-live boundary."""
         dead_end = min(hi, max(lo, s.swa_live_from))
         if dead_end > lo:
-            if set_shaped:
+            if not self.full_frees:  # its `free` skips the slots mapped to no SWA peer
+                self.call("free", s.row[lo:dead_end])
+            elif set_shaped or not self.segment_frees:
                 self.call("free_full", s.row[lo:dead_end])
             else:
                 self.call("free_full_segment", s.row[lo:dead_end], lo)
         if hi > dead_end:
-            if set_shaped and self.P > 1:
+            if (set_shaped and self.P > 1) or not self.segment_frees:
                 self.call("free", s.row[dead_end:hi])
             else:
                 self.call("free_segment", s.row[dead_end:hi], dead_end)

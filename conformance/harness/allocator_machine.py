@@ -29,7 +29,8 @@ from .declarations import Capability
 from .differential import DifferentialDriver
 from .recording import RecordingMachine
 
-ALL = frozenset({Capability.SWA_TAIL, Capability.FREE_GROUPS, Capability.REFUSES_MISUSE, Capability.ATOMIC_ALLOC_DECODE})
+ALL = frozenset({Capability.SWA_TAIL, Capability.FREE_GROUPS, Capability.REFUSES_MISUSE, Capability.ATOMIC_ALLOC_DECODE,
+                 Capability.FULL_FREES, Capability.SEGMENT_FREES})
 
 
 def allocator_machine(make_allocator: Callable, page_size: int, capabilities: Iterable[str] = ALL,
@@ -46,13 +47,11 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             config = {"page_size": P, "size_full": full_pages * P, "size_swa": swa_pages * P}
             self.start_example(config)
             allocator = make_allocator(config["size_full"], config["size_swa"], P)
-            atomic = Capability.ATOMIC_ALLOC_DECODE in self.capabilities
-            driver = AllocatorDriver(allocator, P, self.observables, log=note, atomic_decode=atomic)
+            driver = AllocatorDriver(allocator, P, self.observables, log=note, capabilities=self.capabilities)
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 other = shadow.make_allocator(config["size_full"], config["size_swa"], P)
-                atomic_other = Capability.ATOMIC_ALLOC_DECODE in shadow.capabilities
                 driver = DifferentialDriver(driver, AllocatorDriver(other, P, shadow.observables,
-                                                                    atomic_decode=atomic_other), shadow.name)
+                                                                    capabilities=shadow.capabilities), shadow.name)
             self.driver = driver
             self.shadowed = shadow is not None
 
@@ -153,7 +152,8 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
             if len(s.row) > s.first:
                 self.run("free_slot_twice", sequence=sequence, position=data.draw(st.integers(s.first, len(s.row) - 1)))
 
-        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences)
+        @precondition(lambda self: {Capability.REFUSES_MISUSE, Capability.FULL_FREES} <= self.capabilities
+                      and self.sequences)
         @rule(data=st.data())
         def free_full_with_live_peer(self, data):
             sequence = self.index(data)
@@ -162,14 +162,16 @@ def allocator_machine(make_allocator: Callable, page_size: int, capabilities: It
                 self.run("free_full_with_live_peer", sequence=sequence,
                          position=data.draw(st.integers(s.live_from, len(s.row) - 1)))
 
-        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences)
+        @precondition(lambda self: {Capability.REFUSES_MISUSE, Capability.SEGMENT_FREES} <= self.capabilities
+                      and self.sequences)
         @rule(data=st.data())
         def free_swa_of_released(self, data):
             sequence = self.index(data)
             if self.sequences[sequence].live_from > self.sequences[sequence].first:
                 self.run("free_swa_of_released", sequence=sequence)
 
-        @precondition(lambda self: Capability.REFUSES_MISUSE in self.capabilities and self.sequences and P > 1)
+        @precondition(lambda self: {Capability.REFUSES_MISUSE, Capability.SEGMENT_FREES} <= self.capabilities
+                      and self.sequences and P > 1)
         @rule(data=st.data())
         def free_unaligned_segment(self, data):
             sequence = self.index(data)

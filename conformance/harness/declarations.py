@@ -50,6 +50,14 @@ class Capability(Name):
     FREE_GROUPS = ("free_groups", (Tier.ALLOCATOR,),
                    "the allocator batches frees between free_group_begin and free_group_end (ALLOC-7)",
                    "free groups in the allocator runs", "a free_group_begin or free_group_end step")
+    FULL_FREES = ("full_frees", (Tier.ALLOCATOR,),
+                  "the allocator offers free_full, the free of full slots whose SWA is released (ALLOC-6)",
+                  "free_full of released ranges in the allocator runs; without it a released range is freed "
+                  "with free (SGLang before 0.5.19)", "a refused free_full_with_live_peer step")
+    SEGMENT_FREES = ("segment_frees", (Tier.ALLOCATOR,),
+                     "the allocator offers free_segment, free_swa_segment and free_full_segment (ALLOC-6)",
+                     "segment-shaped frees in the allocator runs; without them every free is set-shaped "
+                     "(SGLang before 0.5.20)", "a refused free_swa_of_released or free_unaligned_segment step")
     CHUNKED_PREFILL = ("chunked_prefill", (Tier.ENGINE,),
                        "a prompt may be prefilled in several chunks (LIFE-3)",
                        "chunks shorter than the prompt; without it every prefill is one chunk",

@@ -47,6 +47,8 @@ def derived_needs(trace: Trace) -> tuple[Capability, ...]:
         Capability.PD_CHECKPOINT_KEEPS_WINDOW: "pd_admit" in operations and page_size > 1
                                                and pd_checkpoint_at_risk(config["window"], page_size),
         Capability.REFUSES_MISUSE: bool(operations & set(REFUSALS)),  # a misuse refused unchanged (ALLOC-6)
+        Capability.FULL_FREES: "free_full_with_live_peer" in operations,  # refusals of those very calls
+        Capability.SEGMENT_FREES: bool(operations & {"free_swa_of_released", "free_unaligned_segment"}),
         Capability.RECURRENT_STATE: state,
         Capability.PAGED_RECURRENT_STATE: state and page_size > 1,
         # a stop past written outputs (STATE-9)

@@ -77,8 +77,7 @@ def build_driver(trace: Trace, adapter: Adapter, log=lambda line: None):
         if adapter.make_allocator is None:
             raise AdapterError(f"adapter {adapter.name!r} has no allocator tier, but the trace is an allocator trace")
         return AllocatorDriver(adapter.make_allocator(config["size_full"], config["size_swa"], config["page_size"]),
-                               config["page_size"], observables, log=log,
-                               atomic_decode=Capability.ATOMIC_ALLOC_DECODE in adapter.capabilities)
+                               config["page_size"], observables, log=log, capabilities=adapter.capabilities)
     if trace.tier == "scheduler":
         if adapter.make_scheduler is None:
             raise AdapterError(f"adapter {adapter.name!r} has no scheduler tier, but the trace is a scheduler trace")

@@ -192,7 +192,8 @@ class ADAPTER:
 
     name = "minimal"
     policy_version = "sglang-0.5.23"
-    capabilities = ("page_size_1", "free_groups", "refuses_misuse", "atomic_alloc_decode")
+    capabilities = ("page_size_1", "free_groups", "refuses_misuse", "atomic_alloc_decode", "full_frees",
+                    "segment_frees")
     make_allocator = MinimalAllocator  # called as make_allocator(size_full, size_swa, page_size)
 
 

@@ -155,7 +155,11 @@ def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
     from ..runtime import sglang
     from .api_0_5_21 import use_cpu_kernels
     use_cpu_kernels(sglang())  # a no-op from 0.5.22
-    return SglangAllocatorAdapter(size_full, size_swa, page_size)
+    adapter = SglangAllocatorAdapter(size_full, size_swa, page_size)
+    if key(release) < (0, 5, 20):
+        from .api_0_5_19 import add_free_page_census
+        add_free_page_census(adapter.allocator)  # what the view reads of each pool
+    return adapter
 
 
 UNSTEERED_PD = (Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
@@ -165,9 +169,16 @@ pd_checkpoint_keeps_window so that their runs steer clear of known divergence SG
 member of the table claims it, so that its runs draw PD admissions at every window and
 the table shows the bug (findings.py, pd-tail-not-rounded) rather than hiding it."""
 
-ALLOCATOR_TIER_FROM = (0, 5, 20)
-"""Before 0.5.20 the hybrid allocator lacks the segment frees the allocator tier calls
-(free_segment, free_swa_segment, free_full_segment): those members have the engine tier only."""
+def allocator_capabilities(release: Release) -> tuple[Capability, ...]:
+    """What the release's hybrid allocator offers beyond allocation, `free` and `free_swa`:
+    free_full from 0.5.19 (0.5.19 `mem_cache/allocator/swa.py:360`), the segment frees from
+    0.5.20 (0.5.20 `:439, 509, 517`). Free groups are claimed from 0.5.20 only: 0.5.19 has
+    them (`:374-389`) but keeps a group's frees in one list of the hybrid allocator, which
+    the view does not read as pending (it reads each pool's), so a check would blame
+    0.5.19 for the view's blindness (a leak in 3 steps, measured)."""
+    k = key(release.release)
+    return ((Capability.FULL_FREES,) if k >= (0, 5, 19) else ()) + \
+        ((Capability.FREE_GROUPS, Capability.SEGMENT_FREES) if k >= (0, 5, 20) else ())
 
 
 def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
@@ -178,12 +189,12 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         name=name, release=release.release, tree=tree, knobs=knobs,
         policy_version=release.policy_version(knobs), chunk_release=release.chunk_release(tree, knobs),
         capabilities=(Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL, Capability.PREFIX_SHARING,
-                      Capability.FREE_GROUPS, Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL)
+                      Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL) + allocator_capabilities(release)
         + (UNSTEERED_PD if release.release == "0.5.23" else ()),
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),
         make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
-    if key(release.release) >= ALLOCATOR_TIER_FROM and not knobs and tree == release.default_tree:
+    if not knobs and tree == release.default_tree:  # the allocator is the same whatever the tree and knobs
         attributes["make_allocator"] = staticmethod(partial(make_allocator, release=release.release))
     return type(name.replace("@", "_").replace(".", "_").replace("-", "_").replace("+", "_"), (), attributes)
 
