@@ -74,7 +74,7 @@ FINDINGS = (
     # assertion on the short match fires first (both trees)
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"), ("crashed",),
             by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
-            says=r"^prefill_chunk raised AssertionError: new_prefix_len=",
+            says=r"^prefill_(chunk|batch) raised AssertionError: new_prefix_len=",  # a batch checkpoints the same way
             vector="vectors/regressions/sglang/checkpoint-short-rematch-assert.jsonl"),
     # the same, on the Rust core, whose tree cannot be walked: the tree's free of pages the
     # request already freed trips the allocator's assertion when an eviction or a later
@@ -87,6 +87,13 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len",
             vector="vectors/regressions/sglang/checkpoint-short-rematch-finish.jsonl"),
+    # the same on 0.5.14's unified tree with the release flag on and its page margin dropped
+    # (retention W, short of a window after the insert as max(W, P) is later); found by the knob
+    # combinations: a batch's trace crashes on every 0.5.14 member with both knobs, passes on
+    # those with one (kvspec bisect, docs/engines/sglang-findings.md)
+    Finding("checkpoint-short-rematch", "bug", "0.5.14", "0.5.14", None, ("python",),
+            ("I4", "I2", "I3", "I1", "I5", "I10", "crashed"), by_default=(), knobs=("chunk-release", "drop-margin"),
+            says=r"\[I\d+\]|^prefill_(chunk|batch) raised AssertionError: new_prefix_len="),
     # PD-decode admissions are driven on 0.5.23 only (catalog.UNSTEERED_PD), though the tail is
     # the same since 0.5.19 (its vector is skipped before); the Rust core's tree cannot be walked.
     Finding("pd-tail-not-rounded", "bug", "0.5.19", "0.5.23", None, ("python",), ("I10",),
