@@ -232,6 +232,8 @@ def test_every_capability_is_derived_from_steps_or_said_why_not():
 
     page_1 = {"page_size": 1, "size_full": 16, "size_swa": 12}
     misuse = Trace("allocator", page_1, "x", (TraceStep("free_group_begin", {}), TraceStep("free_padding_page", {}),
+                                              TraceStep("free_full_with_live_peer", {"sequence": 0, "position": 0}),
+                                              TraceStep("free_swa_of_released", {"sequence": 0}),
                                               TraceStep("fork", {"parent": 0, "prefix_pages": 0, "length": 2,
                                                                  "tail": 1})))
     state = Trace("engine", {**ENGINE.config, "state_slots": 5, "state_grid": 4}, "x",
