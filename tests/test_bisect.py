@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvspec.adapters.sglang.releases import environment, history
+from kvspec.adapters.sglang.releases.findings import FINDINGS
 from kvspec.conformance.cli import main
 from kvspec.conformance.harness.trace import load
 from kvspec.conformance.runs import bisect
@@ -189,33 +190,40 @@ def test_a_release_that_is_not_installed_cannot_run_and_says_how_to_install_it(t
 I4 = {"tier": "engine", "page_size": 4, "window": 6, "interval": 4, "state_grid": None, "state": False}
 
 
-def shard(folder: Path, release: str, tree: str, trace: Path) -> Path:
-    """A history shard of one member whose one run broke I4 with `trace` (checkpoint-short-rematch
-    by its pattern: python, 0.5.18 - 0.5.22 at the defaults)."""
+I9 = dict(I4, page_size=1, window=3)
+EVICTION_PHASE = "[I9] request r1: holds 8 private SWA slots (positions 9..16) after 11 decode steps, more than 7"
+
+
+def shard(folder: Path, release: str, tree: str, trace: Path, clause: str = "I4",
+          message: str = "[I4] full page 1 has two owners", knobs: tuple[str, ...] = ()) -> Path:
+    """A history shard of one member whose one run broke `clause` with `trace` (by default
+    checkpoint-short-rematch by its pattern: python, 0.5.18 - 0.5.22 at the defaults)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "traces").mkdir(exist_ok=True)
     (folder / "traces" / "t.jsonl").write_bytes(trace.read_bytes())
-    run = {"label": "engine P=4 W=6 I=4", "run": I4, "verdict": "violated", "clauses": ["I4"],
-           "message": "[I4] full page 1 has two owners", "trace": "traces/t.jsonl", "trace_steps": 2,
+    run = {"label": "engine P=4 W=6 I=4", "run": I4 if clause == "I4" else I9, "verdict": "violated",
+           "clauses": [clause], "message": message, "trace": "traces/t.jsonl", "trace_steps": 2,
            "first_failure_seconds": 0.5}
-    cell = {"member": f"sglang@{release}" + ("-python" if release >= "0.5.21" else ""), "release": release,
-            "tree": tree, "knobs": [], "policy_version": "max-window-page", "verdict": "violated", "runs": [run],
-            "seconds": 1.0}
+    name = f"sglang@{release}" + ("-python" if release >= "0.5.21" or release == "0.5.14" else "")
+    cell = {"member": name + "".join(f"+{knob}" for knob in knobs), "release": release,
+            "tree": tree, "knobs": list(knobs), "policy_version": "max-window-page", "verdict": "violated",
+            "runs": [run], "seconds": 1.0}
     path = folder / "history.json"
     path.write_text(json.dumps({"schema": history.SCHEMA, "profile": "quick", "cells": [cell]}))
     return path
 
 
-def cache(folder: Path, reproduces: set[str]) -> None:
+def cache(folder: Path, reproduces: set[str], clause: str = "I4", message: str = "[I4] full page 1 has two owners",
+          line: str = "python") -> None:
     """The bisections beside the shard, as `table` keeps them: the trace reproduces on the
-    Python tree's members of `reproduces` and passes on the others."""
+    members of `line` of `reproduces` and passes on the others."""
     outcomes = {}
     for member in bisect.members_of(history.FAMILY):
-        if member.line == "python":
+        if member.line == line:
             verdict = "reproduces" if member.version in reproduces else "passes"
             outcomes[member.name] = asdict(bisect.Outcome(
-                member.name, "t", verdict, clauses=("I4",) * (verdict != "passes"),
-                kind="violated" * (verdict != "passes"), message="[I4] full page 1 has two owners", run=I4))
+                member.name, "t", verdict, clauses=(clause,) * (verdict != "passes"),
+                kind="violated" * (verdict != "passes"), message=message, run=I4 if clause == "I4" else I9))
     digest = hashlib.sha256((folder / "traces" / "t.jsonl").read_bytes()).hexdigest()
     (folder / history.BISECTIONS).write_text(json.dumps(
         {"schema": history.BISECTIONS_SCHEMA, "traces": {"traces/t.jsonl": {"sha256": digest, "members": outcomes}}}))
@@ -241,6 +249,29 @@ def test_a_violation_is_explained_only_where_its_trace_bisects_to_its_findings_r
 
     assert history.table([path], tmp_path / "out", bisect=False) == 0  # by its pattern, as before
     assert "by the findings' patterns only" in (tmp_path / "out" / "sglang-history.md").read_text()
+
+
+def test_a_finding_of_several_shapes_explains_the_one_whose_range_its_trace_bisects_to(tmp_path, monkeypatch):
+    """decode-eviction-phase is one bug with two shapes: the phase gate starving a request
+    (0.5.14 - 0.5.17) and, under 0.5.14's page margin, a request decoding in every batch
+    (0.5.14 alone, and not with the margin dropped). A trace on 0.5.14 alone is the second."""
+    monkeypatch.setattr(history, "replay_pairs", no_replays)
+    vector = REGRESSIONS / "decode-eviction-phase-margin.jsonl"
+    path = shard(tmp_path / "a", "0.5.14", "python", vector, "I9", EVICTION_PHASE)
+    cache(tmp_path / "a", {"0.5.14"}, "I9", EVICTION_PHASE)
+    assert history.table([path], tmp_path / "out", bisect=True) == 0
+    assert "[decode-eviction-phase]" in (tmp_path / "out" / "sglang-history.md").read_text()
+
+    cache(tmp_path / "a", {"0.5.14", "0.5.15"}, "I9", EVICTION_PHASE)  # neither shape's range
+    assert history.table([path], tmp_path / "out", bisect=True) == 1
+    assert ("UNEXPLAINED: engine P=4 W=6 I=4 (decode-eviction-phase by its pattern, but its trace reproduces on "
+            "0.5.14-0.5.15, finding says 0.5.14-0.5.17)") in (tmp_path / "out" / "sglang-history.md").read_text()
+
+
+def test_a_knob_that_takes_a_finding_away_is_out_of_its_reach():
+    margin = next(f for f in FINDINGS if f.vector and f.vector.endswith("decode-eviction-phase-margin.jsonl"))
+    assert margin.reaches("0.5.14", ()) and margin.reaches("0.5.14", ("chunk-release",))
+    assert not margin.reaches("0.5.14", ("drop-margin",)) and not margin.reaches("0.5.15", ())
 
 
 def test_a_violation_whose_trace_is_missing_is_not_explained(tmp_path, monkeypatch):

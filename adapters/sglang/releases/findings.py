@@ -32,6 +32,9 @@ class Finding:
     """The releases whose default knobs reach it (None: all of first..last; (): none); the
     others between first and last reach it with `knobs` turned."""
     knobs: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+    """Knobs that take it away: a member with any of them turned does not reach it (say the
+    margin a bug needs, dropped)."""
     says: str = ""
     """A regular expression the violation's message must match (to tell two findings of
     one clause apart), or "" for any."""
@@ -47,7 +50,7 @@ class Finding:
     def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
         """Whether a member of `release` with `knobs` turned has it (any tree it names)."""
         k = key(release)
-        if not key(self.first) <= k <= key(self.last):
+        if not key(self.first) <= k <= key(self.last) or set(self.unless) & set(knobs):
             return False
         if self.by_default is None or self.by_default and key(self.by_default[0]) <= k <= key(self.by_default[1]):
             return True
@@ -65,15 +68,18 @@ FINDINGS = (
     # before checkpoint-short-rematch, which 0.5.18 has too and which names these clauses: a
     # prefill batch (LIFE-9) whose group end freed SWA under a live node, which then maps to nothing
     Finding("grouped-swa-free-remap", "bug", "0.5.18", "0.5.18", "0.5.19", ("python",), ("I3", "I5", "I13", "I4"),
-            says=r"operation='prefill_batch'(.|\n)*(has live SWA KV but maps to 0|but mapping\[\d+\] is 0)",
+            unless=("no-chunk-release",), says=r"operation='prefill_batch'(.|\n)*(has live SWA KV but maps to 0|but mapping\[\d+\] is 0)",
             vector="vectors/regressions/sglang/grouped-swa-free-remap.jsonl"),
+    # (a bug of the chunk release: a member that turns it off keeps every chunk's SWA, and the
+    # checkpoint is never short: its vectors pass on every `+no-chunk-release` line, `ranges`)
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "I5", "I10"), by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
+            unless=("no-chunk-release",),
             vector="vectors/regressions/sglang/checkpoint-short-rematch.jsonl"),
     # the same, where the insert finds part of the key in the tree already: SGLang's own
     # assertion on the short match fires first (both trees)
     Finding("checkpoint-short-rematch", "bug", "0.5.15", "0.5.22", "0.5.23", ("python", "rust"), ("crashed",),
-            by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",),
+            by_default=("0.5.18", "0.5.22"), knobs=("chunk-release",), unless=("no-chunk-release",),
             says=r"^prefill_(chunk|batch) raised AssertionError: new_prefix_len=",  # a batch checkpoints the same way
             vector="vectors/regressions/sglang/checkpoint-short-rematch-assert.jsonl"),
     # the same, on the Rust core, whose tree cannot be walked: the tree's free of pages the
@@ -81,7 +87,7 @@ FINDINGS = (
     # prefill's allocation meets them (each such trace shows I4 on the Python core of its
     # release, and passes on 0.5.23)
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("crashed",),
-            says="^(evict|prefill_chunk) raised AssertionError", runs=(Run(4, 6, 4),)),
+            unless=("no-chunk-release",), says="^(evict|prefill_chunk) raised AssertionError", runs=(Run(4, 6, 4),)),
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
@@ -106,6 +112,12 @@ FINDINGS = (
             ("I11", "I14", "I1", "I4"), vector="vectors/regressions/sglang/revive-frees-locked-full.jsonl"),
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
             says="decode steps, more than", vector="vectors/regressions/sglang/decode-eviction-phase.jsonl"),
+    # the same phase gate, where a request decodes in every batch: 0.5.14's page margin keeps W + P
+    # at each eviction, so the request holds W + P + I between two, one page past WIN-5; from
+    # 0.5.15 (retention max(W, P)), or with the margin dropped, this shape stays within the bound
+    Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"), ("I9",),
+            unless=("drop-margin",), says="decode steps, more than",
+            vector="vectors/regressions/sglang/decode-eviction-phase-margin.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
             says="the chunk left"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
