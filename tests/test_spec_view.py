@@ -31,7 +31,8 @@ def test_the_coverage_reads_every_kind_of_citation(project):
     kinds = {c.kind for c in project.citations}
     assert kinds == {"reference", "check", "test", "mutant", "divergence"}
     assert {c.name for c in project.of("I9", "check")} == {"engine decode_window_bound_violations",
-                                                         "engine chunk_window_bound_violations"}
+                                                         "engine chunk_window_bound_violations",
+                                                         "engine extend_window_bound_violations"}
     assert "mutant-no-chunk-release" in {c.name for c in project.of("I9", "mutant")}
     assert "sglang-mutant-no-chunk-release" in {c.name for c in project.of("I9", "mutant")}
     assert {c.name for c in project.of("ALLOC-4", "divergence")} == {"SGL-6"}
@@ -178,7 +179,7 @@ def test_the_rendered_spec_has_every_clause_its_definitions_and_internal_links_t
 def test_the_markdown_document_is_the_html_one(rendered):
     document = (rendered / "spec.md").read_text(encoding="utf-8")
     assert spec_view.render_html(document) == (rendered / "spec.html").read_text(encoding="utf-8")
-    assert "| [I9](#I9) | Window bound | 2: engine decode_window_bound_violations, engine " in document
+    assert "| [I9](#I9) | Window bound | 3: engine decode_window_bound_violations, engine " in document
 
 
 def test_the_committed_rendering_is_current(project):

@@ -231,6 +231,37 @@ def chunk_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, 
     return found
 
 
+@invariant("I9", "window-bound", reads={"rows"})
+def extend_window_bound_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
+    """[I9, WIN-4] Without prefix sharing, under a policy with chunk release: each request of
+    an ok prefill chunk or prefill batch, still in prefill before it, released the SWA that
+    slid out of its window before its chunk was allocated (pre_len = C before the step,
+    interval 1). Where that eviction was due and not clamped, of the positions it held
+    before the step it still holds at most eviction_span_bound(retention, P) SWA slots:
+    ceil_page(pre_len) - max(e, cpl) after the step. (The chunk's own new positions are
+    not counted: they were allocated after the eviction.)"""
+    policy = now.config.policy
+    if (step is None or step.operation not in ("prefill_chunk", "prefill_batch") or step.outcome != "ok"
+            or policy.supports_prefix_sharing or not policy.chunk_release):
+        return []
+    config, found = now.config, []
+    span = eviction_span_bound(retention(policy.version, config.window, config.page_size), config.page_size)
+    for rid in step.rids:
+        before, after = find_request(previous, rid), find_request(now, rid)
+        if before is None or after is None or before.finished_prefill:
+            continue
+        pre_len = before.kv_committed_len
+        due = eviction_frontier(pre_len, before.swa_evicted_seqlen, before.cache_protected_len, config.window,
+                                config.page_size, policy.version)
+        held = ceil_page(pre_len, config.page_size) - after.swa_live_from
+        if due is not None and not due.clamped and held > span:
+            found.append(Violation("I9", f"request {rid}: after the chunk its SWA is live from position "
+                                         f"{after.swa_live_from}, {held} slots up to ceil_page({pre_len}) of what it "
+                                         f"computed before the chunk, more than {span}: the release before the chunk "
+                                         f"was due"))
+    return found
+
+
 @invariant("I10", "window-bound", reads={"rows", "tree"})
 def insert_boundary_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
     """[I10] After each checkpoint of a step (checkpoint_steps: a prefill chunk, each chunk of

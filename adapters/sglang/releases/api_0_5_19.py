@@ -61,7 +61,8 @@ class Engine_0_5_19(Engine_0_5_21):
     """SGLang 0.5.19, 0.5.20."""
 
     def __init__(self, config, tree: str = "python", environment: dict[str, str] | None = None, **kwargs):
-        environment = {**(environment or {}), "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": tree}
+        if tree in ("python", "rust"):  # a unified tree's core (not the chunk cache's: it has none)
+            environment = {**(environment or {}), "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": tree}
         super().__init__(config, tree=tree, environment=environment, **kwargs)
 
     def make_cache(self):

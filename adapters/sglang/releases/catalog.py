@@ -10,7 +10,9 @@ the SWA settings it reads, alone and in combination. A member is
 Trees: `legacy` (SWARadixCache, the default of 0.5.14 - 0.5.15; its file stays until
 0.5.20, but from 0.5.16 nothing in SGLang builds it, `mem_cache/registry.py`), `python`
 (UnifiedRadixCache with its Python tree, the default 0.5.16 - 0.5.20), `rust` (its Rust
-tree core, shipped 0.5.19, the default from 0.5.21). Knobs (KNOBS: SGLang environment
+tree core, shipped 0.5.19, the default from 0.5.21), `chunk` (the cache SGLang builds with
+`--disable-radix-cache`: `SWAChunkCache` to 0.5.21, the unified tree built disabled from
+0.5.22; chunk_cache.py). Knobs (KNOBS: SGLang environment
 variables set for each engine, or what SGLang's server arguments pass its allocator and
 tree): `chunk-release` / `no-chunk-release` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
 off up to 0.5.17, on from 0.5.18; the unified tree reads it), `drop-margin`
@@ -27,7 +29,8 @@ Each tree's members are its knobs turned one at a time and in combination (combi
 every pair of knobs meets, each in both settings). Each member declares the policy version
 its release implements (spec/window.py): retention `W + P` in 0.5.14 (`design-margin`;
 `drop-margin` with that knob), `max(W, P)` in 0.5.15 - 0.5.22 (`max-window-page`),
-`ceil_page(max(W, P))` in 0.5.23; and whether its chunked prefill releases (chunk_release).
+`ceil_page(max(W, P))` in 0.5.23; `no-prefix-sharing` (`W`, nothing shared) on the `chunk`
+tree; and whether its chunked prefill releases (chunk_release).
 """
 
 from dataclasses import dataclass
@@ -36,6 +39,8 @@ from functools import partial
 from kvspec.conformance.harness.declarations import Capability
 from kvspec.conformance.harness.families import Family, PreparedMembers
 
+from .chunk_cache import TREE as CHUNK
+from .chunk_cache import chunk_engine
 from .environment import RELEASES, activate, install_command
 
 KNOBS = {
@@ -73,7 +78,7 @@ class Release:
     def trees(self) -> tuple[str, ...]:
         k = key(self.release)
         return tuple(tree for tree, present in (("legacy", k < (0, 5, 16)), ("python", True),
-                                                ("rust", k >= (0, 5, 19))) if present)
+                                                ("rust", k >= (0, 5, 19)), (CHUNK, True)) if present)
 
     @property
     def default_tree(self) -> str:
@@ -84,9 +89,22 @@ class Release:
     def chunk_release_default(self) -> bool:
         return key(self.release) >= (0, 5, 18)
 
+    @property
+    def disabled_tree(self) -> bool:
+        """Whether `--disable-radix-cache` builds the unified tree disabled (0.5.22 on)
+        rather than `SWAChunkCache` (chunk_cache.py)."""
+        return key(self.release) >= (0, 5, 22)
+
     def knobs(self, tree: str) -> tuple[str, ...]:
         """The knobs a member of this tree may turn from their default, in the order a
-        member's name gives them."""
+        member's name gives them. The `chunk` tree reads the allocator's need_sort only:
+        its extend and decode releases read no flag but the eviction interval (0.5.18
+        `managers/schedule_batch.py:3370-3384`, `mem_cache/common.py:75-78`), the early
+        unlock needs a tree lock it does not take (`hasattr(tree_cache, "dec_swa_lock_only")`,
+        `:3328-3331`; from 0.5.22 the disabled tree's receipt holds no SWA lock,
+        0.5.22 `unified_radix_cache.py:996-998, 1032-1041`), and it evicts nothing."""
+        if tree == CHUNK:
+            return ("need-sort",)
         knobs = ["early-swa-unlock"]
         if tree != "legacy":
             knobs.insert(0, "no-chunk-release" if self.chunk_release_default else "chunk-release")
@@ -111,18 +129,25 @@ class Release:
 
     def chunk_release(self, tree: str, knobs: tuple[str, ...]) -> bool:
         """Whether a chunked prefill releases its out-of-window SWA (the spec policy's
-        chunk_release, WIN-4): never on the legacy tree, else the flag's value."""
+        chunk_release, WIN-4): always on the `chunk` tree (before each extend, with no flag:
+        chunk_cache.py), never on the legacy tree, else the flag's value."""
+        if tree == CHUNK:
+            return True
         if tree == "legacy" or "no-chunk-release" in knobs:
             return False
         return self.chunk_release_default or "chunk-release" in knobs
 
-    def policy_version(self, knobs: tuple[str, ...]) -> str:
+    def policy_version(self, knobs: tuple[str, ...], tree: str | None = None) -> str:
+        if tree == CHUNK:  # retention W, no prefix shared (chunk_cache.py)
+            return "no-prefix-sharing"
         if self.release == "0.5.14":
             return "drop-margin" if "drop-margin" in knobs else "design-margin"
         return "sglang-0.5.23" if self.release == "0.5.23" else "max-window-page"
 
 
-def engine_class(release: Release):
+def engine_class(release: Release, tree: str | None = None):
+    if tree == CHUNK:
+        return chunk_engine(engine_class(release), release.disabled_tree)
     module = GENERATIONS[release.generation]
     if module is None:
         from ..engine import SglangEngine
@@ -145,8 +170,8 @@ def make_engine(config, release: Release, tree: str, knobs: tuple[str, ...]):
     for knob in knobs:
         for name, value in KNOBS[knob].items():
             settings[name] = {**settings[name], **value} if name == "environment" else value
-    return engine_class(release)(config, tree=tree, release=release.release,
-                                 policy_version=release.policy_version(knobs), **settings)
+    return engine_class(release, tree)(config, tree=tree, release=release.release,
+                                       policy_version=release.policy_version(knobs, tree), **settings)
 
 
 def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
@@ -181,16 +206,28 @@ def allocator_capabilities(release: Release) -> tuple[Capability, ...]:
         ((Capability.FREE_GROUPS, Capability.SEGMENT_FREES) if k >= (0, 5, 20) else ())
 
 
+def capabilities(release: Release, tree: str) -> tuple[Capability, ...]:
+    """What a member offers. The `chunk` tree shares no prefix, and its PD decode (SGLang's
+    decode server without a decode-side radix cache, 0.5.18 `mem_cache/chunk_cache.py:37-41`)
+    is another path than the one pd_decode.py drives: it declares neither, so those runs are
+    reported skipped."""
+    chunk = tree == CHUNK
+    return (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL) \
+        + (() if chunk else (Capability.PREFIX_SHARING,)) \
+        + (Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL) + allocator_capabilities(release) \
+        + (UNSTEERED_PD if release.release == "0.5.23" and not chunk else ())
+
+
 def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
     name = (f"sglang@{release.release}" + ("" if tree == release.default_tree else f"-{tree}")
             + "".join(f"+{knob}" for knob in knobs))
     attributes = dict(
         __doc__=f"SGLang {release.release}, tree {tree}" + (f", knobs {', '.join(knobs)}" if knobs else ""),
         name=name, release=release.release, tree=tree, knobs=knobs,
-        policy_version=release.policy_version(knobs), chunk_release=release.chunk_release(tree, knobs),
-        capabilities=(Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL, Capability.PREFIX_SHARING,
-                      Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL) + allocator_capabilities(release)
-        + (UNSTEERED_PD if release.release == "0.5.23" else ()),
+        policy_version=release.policy_version(knobs, tree), chunk_release=release.chunk_release(tree, knobs),
+        capabilities=capabilities(release, tree),
+        # the Rust core cannot be walked (tree_view.py); the chunk cache's tree is what it holds,
+        # nothing (chunk_cache.py), read off the cache as the reference's tree-less engine shows it
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),
         make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
