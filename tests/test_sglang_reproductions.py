@@ -80,6 +80,7 @@ def test_what_the_command_cannot_write_is_exit_2_with_the_reason(tmp_path):
     for trace, member, says, env in (
             (vector, "sglang@0.5.99", "no member of the sglang@ family", os.environ),
             (allocator_trace, "sglang@0.5.18", "engine-tier trace; this one is allocator-tier", os.environ),
+            (vector, "sglang@0.5.18-chunk", "drives the chunk cache, which this command does not write", os.environ),
             (tmp_path / "missing.jsonl", "sglang@0.5.18", "missing.jsonl", os.environ),
             (vector, "sglang@0.5.18", "SGLang 0.5.18 is not installed", nowhere)):
         done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", str(trace),

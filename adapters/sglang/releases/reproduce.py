@@ -944,6 +944,9 @@ def record(trace: Trace, member: str) -> Recording:
         raise ReproductionError(f"{member!r} is no member of the sglang@ family (catalog.py): e.g. sglang@0.5.18")
     if trace.tier != "engine":
         raise ReproductionError(f"a reproduction is written from an engine-tier trace; this one is {trace.tier}-tier")
+    if MEMBERS.members[slug].tree == "chunk":
+        raise ReproductionError(f"{member} drives the chunk cache, which this command does not write yet: "
+                                f"name a member of a prefix tree (e.g. sglang@0.5.18)")
     adapter = MEMBERS[slug]  # makes its release this process's SGLang
     engine, recorder = build(adapter, trace)
     base = type(engine).__mro__[1]
@@ -1005,12 +1008,12 @@ def build(adapter, trace: Trace):
     if config.state_slots:
         raise ReproductionError("a trace with recurrent state is not written as a reproduction (yet)")
     config = replace(config, policy=replace(config.policy, version=adapter.policy_version))
-    base = catalog.engine_class(Release(adapter.release))  # its shim first: it may register what runs before import
+    base = catalog.engine_class(Release(adapter.release), adapter.tree)  # its shim first: it may register what runs before import
     s = runtime.sglang()
     use_cpu_kernels(s)  # before the engine sees SGLang through a Namespace (a no-op from 0.5.22)
     recorder = Recorder(s.torch)
     classes, runtime.SGLANG = catalog.engine_class, Namespace(recorder, s)
-    catalog.engine_class = lambda release: recording_engine(base, recorder)
+    catalog.engine_class = lambda release, tree=None: recording_engine(base, recorder)
     try:
         with recorder.on():
             engine = adapter.make_engine(config)

@@ -18,8 +18,7 @@ Written by kvspec from the trace vectors/regressions/sglang/decode-eviction-phas
 (`python -m kvspec.adapters.sglang.releases reproduce TRACE --member sglang@0.5.14 --out
 decode-eviction-phase-margin.py`): the SGLang calls that kvspec's adapter of SGLang 0.5.14 makes
 for each step, in order, with their arguments, on CPU with tiny pools: page size 1, window 3,
-the legacy SWARadixCache; SGLANG_SWA_EVICTION_INTERVAL=4,
-SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=legacy. kvspec's account:
+the legacy SWARadixCache; SGLANG_SWA_EVICTION_INTERVAL=4. kvspec's account:
 docs/engines/sglang-findings.md#decode-eviction-phase.
 """
 
@@ -33,11 +32,10 @@ from types import SimpleNamespace
 
 # SGLang reads its knobs from the environment: this run's, and the release's defaults for the rest.
 os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = "4"
-os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = "legacy"
 for name in ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "SGLANG_OPT_SWA_EVICT_DROP_PAGE_MARGIN",
              "SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW", "SGLANG_ENABLE_UNIFIED_RADIX_TREE",
-             "SGLANG_OPT_RELEASE_PREFILL_SWA", "SGLANG_OPT_SWA_RADIX_CACHE_COMPACT",
-             "SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT"):
+             "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "SGLANG_OPT_RELEASE_PREFILL_SWA",
+             "SGLANG_OPT_SWA_RADIX_CACHE_COMPACT", "SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT"):
     os.environ.pop(name, None)
 
 # SGLang imports torchvision at module level for its vision models, which nothing here runs.
