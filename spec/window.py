@@ -311,3 +311,26 @@ def checkpoint_eviction(up_to: Position, cursor: Position, cache_protected_len: 
     decision = eviction_frontier(up_to - 1, cursor, cache_protected_len, window, page_size, version, 1)
     new_cursor = cursor if decision is None else decision.new_cursor
     return floor_page(up_to, page_size), new_cursor
+
+
+def checkpoint_leaves_short_leaf(up_to: Position, cursor: Position, cache_protected_len: Position,
+                                 window: int, page_size: int, version: str) -> bool:
+    """[I10] Whether the checkpoint of a prefill that reaches `up_to` moves the cursor past the
+    protected length and leaves its new leaf fewer than min(W, E) live tokens. Only a version
+    at risk at this window allows it (insert_window_at_risk); an implementation
+    that matches the key again after such an insert and trusts the match must still hand the
+    request exactly what lies past the insert (`I4`). SGLang 0.5.15 - 0.5.22 do not; the
+    engine machine keeps a run's prefills clear of such ends for an adapter that says so (it
+    lacks the capability `short_leaf_checkpoints`).
+
+    pre: page_size >= 1 and window >= 1
+    pre: version in TWO_POOL_VERSIONS
+    pre: cursor >= 0 and cursor % page_size == 0
+    pre: cache_protected_len % page_size == 0 and 0 <= cache_protected_len < up_to
+    pre: cursor <= cache_protected_len
+    post: not __return__ or not promises_insert_window(version)
+    """
+    if not insert_window_at_risk(version, window, page_size):  # nothing inserted, or every leaf keeps a window
+        return False
+    end, new_cursor = checkpoint_eviction(up_to, cursor, cache_protected_len, window, page_size, version)
+    return new_cursor > cache_protected_len and not insert_keeps_window(end, new_cursor, window)

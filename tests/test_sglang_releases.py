@@ -240,3 +240,14 @@ def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere
     else:  # the PD path is driven on 0.5.23 only: its vector is skipped, and says why
         assert all("capability pd_decode" in r["skipped"] for r in results if "skipped" in r)
         assert all(r["finding"] != "pd-tail-not-rounded" for r in replayed)
+
+
+def test_only_the_release_that_fixed_the_rematch_claims_short_leaf_checkpoints():
+    """0.5.14 - 0.5.22 match again after a checkpoint's insert (checkpoint-short-rematch), so
+    their runs steer clear of short leaves where their policy leaves them (tests/test_short_leaf_steering.py);
+    0.5.23 repoints from the insert's own node, and its members and the gating adapters claim it."""
+    from kvspec.adapters.sglang import CAPABILITIES
+    assert "short_leaf_checkpoints" in CAPABILITIES
+    claims = {name for name, member in MEMBERS.members.items() if "short_leaf_checkpoints" in member.capabilities}
+    assert claims and all(name.startswith("0.5.23") for name in claims), sorted(claims)
+    assert {name for name in MEMBERS.members if name.startswith("0.5.23")} == claims

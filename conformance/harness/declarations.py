@@ -95,6 +95,14 @@ class Capability(Name):
                                   "PD-decode admissions at windows where WIN-6's tail alone keeps none "
                                   "(kvspec.spec.window.pd_checkpoint_at_risk)",
                                   "a pd_admit step at such a window", "pd_decode")
+    SHORT_LEAF_CHECKPOINTS = ("short_leaf_checkpoints", (Tier.ENGINE,),
+                              "a checkpoint that leaves its new leaf short of a window (its version allows it) "
+                              "still leaves the request exactly what lies past the insert (I4)",
+                              "under the versions at risk (drop-margin, max-window-page), prefills whose "
+                              "checkpoint leaves such a leaf (kvspec.spec.window.checkpoint_leaves_short_leaf); "
+                              "without it the runs keep their prefills' ends clear of them, and a replay still "
+                              "runs every trace",
+                              "no step (it steers the runs only)")
     BATCHED_PREFILL = ("batched_prefill", (Tier.ENGINE,),
                        "the engine offers prefill_batch, one chunk of each of several requests in one step (LIFE-9)",
                        "prefill batches; without it every prefill step is one request's", "a prefill_batch step")

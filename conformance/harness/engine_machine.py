@@ -14,6 +14,7 @@ be refused with InvalidRequest. Every step is `note()`d and recorded (see trace.
 ENGINE_OPERATIONS. Capabilities the adapter lacks turn rules off: without `pd_decode`
 no PD-decode admissions (without `pd_checkpoint_keeps_window`, none at windows where an
 admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
+`short_leaf_checkpoints` no prefill ends where its checkpoint leaves a short leaf, without
 `chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
 step is one request's. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
@@ -29,7 +30,7 @@ from hypothesis.stateful import initialize, precondition, rule
 from kvspec.spec.models import TWO_POOL, MemoryModel, model_for
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import min_state_slots
-from kvspec.spec.window import Policy, pd_checkpoint_at_risk
+from kvspec.spec.window import Policy, checkpoint_leaves_short_leaf, insert_window_at_risk, pd_checkpoint_at_risk
 
 from .declarations import Capability
 from .differential import DifferentialDriver
@@ -38,7 +39,8 @@ from .recording import RecordingMachine
 from .trace import engine_config_json
 
 ALPHABET = st.integers(0, 2)
-ALL = frozenset({Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW, Capability.CHUNKED_PREFILL})
+ALL = frozenset({Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW, Capability.CHUNKED_PREFILL,
+                 Capability.SHORT_LEAF_CHECKPOINTS})
 MAX_REQUESTS = 4
 
 
@@ -51,6 +53,13 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
     P, W, G = page_size, window, state_grid
     capabilities = frozenset(capabilities)
     longest_prompt = 2 * W + 4 * P
+    # Without short_leaf_checkpoints, where the policy lets a checkpoint leave a leaf short of a
+    # window, prompts and chunks end where each checkpoint keeps one: an engine that matches again
+    # after such an insert (SGLang 0.5.15 - 0.5.22) would meet that recorded bug in every run. The
+    # steering draws nothing, so every other adapter's runs draw as before.
+    steer_short_leaves = (Capability.SHORT_LEAF_CHECKPOINTS not in capabilities and policy.chunk_release
+                          and Capability.CHUNKED_PREFILL in capabilities
+                          and insert_window_at_risk(policy.version, W, P))
 
     class EngineMachine(RecordingMachine):
         tier = "engine"
@@ -69,7 +78,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.next_id = 0
             self.prefilling: set[str] = set()
             self.decoding: set[str] = set()
-            self.retracted: set[str] = set()
+            self.retracted: dict[str, int] = {}  # each retracted request's tokens
             driver = EngineDriver(engine, model_for(model, self.config), self.observables, log=note)
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config),
@@ -99,7 +108,26 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             # as it goes, through its tombstones (where a match must find W live tokens)
             keep = data.draw(st.just(min(len(stem), length)) | st.integers(0, min(len(stem), length)))
             tail = data.draw(st.lists(ALPHABET, min_size=length - keep, max_size=length - keep))
-            return stem[:keep] + tail
+            prompt = stem[:keep] + tail
+            while steer_short_leaves and len(prompt) > 1 and self.short_leaf_at(len(prompt), 0, 0):
+                prompt = prompt[:-1]  # its last checkpoint, from a fresh request, keeps a window
+            return prompt
+
+        def short_leaf_at(self, up_to: int, cursor: int, protected: int) -> bool:
+            fits = cursor % P == 0 and protected % P == 0 and cursor <= protected < up_to  # the definition's pre
+            return fits and checkpoint_leaves_short_leaf(up_to, cursor, protected, W, P, policy.version)
+
+        def steered_chunk(self, rid: str, chunk: int) -> int:
+            """The longest chunk up to `chunk` whose checkpoint keeps a window (`steer_short_leaves`),
+            or `chunk` itself where none does (the prompt's own end may not)."""
+            if not steer_short_leaves:
+                return chunk
+            view = self.view(rid)
+            for size in range(chunk, 0, -1):
+                up_to = min(view.kv_committed_len + size, view.seq_len)
+                if not self.short_leaf_at(up_to, view.swa_evicted_seqlen, view.cache_protected_len):
+                    return size
+            return chunk
 
         def running(self) -> int:
             return len(self.prefilling) + len(self.decoding)
@@ -133,6 +161,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
                 chunk = longest_prompt + 3 * W  # the whole prompt at once
             elif G is not None:  # often to the grid, where a checkpoint is taken (STATE-3)
                 chunk = data.draw(st.just(chunk) | st.integers(1, 3).map(lambda k: k * G))
+            chunk = self.steered_chunk(rid, chunk)
             if self.run("prefill_chunk", rid=rid, chunk=chunk, token=token)["outcome"] == "ok" \
                     and self.view(rid).finished_prefill:
                 self.prefilling.remove(rid)
@@ -145,7 +174,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             whole = longest_prompt + 3 * W
             chunked = Capability.CHUNKED_PREFILL in capabilities
             sizes = st.just(whole) | st.integers(1, 2 * W + 2 * P) if chunked else st.just(whole)
-            chunks = [{"rid": rid, "chunk": data.draw(sizes), "token": data.draw(ALPHABET)} for rid in rids]
+            chunks = [{"rid": rid, "chunk": self.steered_chunk(rid, data.draw(sizes)), "token": data.draw(ALPHABET)}
+                      for rid in rids]
             if self.run("prefill_batch", chunks=chunks)["outcome"] == "ok":
                 for rid in rids:
                     if self.view(rid).finished_prefill:
@@ -184,18 +214,22 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), retract=st.booleans())
         def abort_or_retract(self, data, retract):
             rid = data.draw(st.sampled_from(sorted(self.prefilling | self.decoding)))
+            # what its readmission prefills again (an admission not yet extended may show no request)
+            tokens = next((r.seq_len for r in self.driver.previous.requests if r.rid == rid), 0)
             self.run("retract" if retract else "abort", rid=rid)
             self.prefilling.discard(rid)
             self.decoding.discard(rid)
             if retract:
-                self.retracted.add(rid)
+                self.retracted[rid] = tokens
 
         @precondition(lambda self: self.retracted and self.running() < self.config.max_requests)
         @rule(data=st.data())
         def readmit(self, data):
             rid = data.draw(st.sampled_from(sorted(self.retracted)))
+            if steer_short_leaves and self.short_leaf_at(self.retracted[rid], 0, 0):
+                return  # the last checkpoint of its prefill would leave a short leaf (steer_short_leaves)
             if self.run("admit", rid=rid, prompt=None)["outcome"] == "ok":
-                self.retracted.remove(rid)
+                del self.retracted[rid]
                 self.prefilling.add(rid)
 
         @rule(full=st.integers(0, 6), swa=st.integers(0, 6))

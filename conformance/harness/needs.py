@@ -23,6 +23,9 @@ NOT_FROM_STEPS = {
     Capability.CHUNKED_PREFILL: "replay has never skipped a trace for it (every engine adapter kvspec ships "
                                 "declares it): deriving it from short chunks would turn an adapter's failures "
                                 "into skips, so it is left to a header that says it",
+    Capability.SHORT_LEAF_CHECKPOINTS: "it steers the runs clear of a recorded bug's shape; a trace that meets "
+                                       "the shape must still replay everywhere, so that bisection sees where it "
+                                       "reproduces",
 }
 """The capabilities `derived_needs` never derives, and why (the table's `needed_by` says which
 steps need each; tests/test_traces.py requires every other capability to have a rule)."""

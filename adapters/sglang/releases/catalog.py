@@ -210,12 +210,16 @@ def capabilities(release: Release, tree: str) -> tuple[Capability, ...]:
     """What a member offers. The `chunk` tree shares no prefix, and its PD decode (SGLang's
     decode server without a decode-side radix cache, 0.5.18 `mem_cache/chunk_cache.py:37-41`)
     is another path than the one pd_decode.py drives: it declares neither, so those runs are
-    reported skipped."""
+    reported skipped. Only 0.5.23 claims short_leaf_checkpoints: 0.5.14 - 0.5.22 match
+    again after a checkpoint's insert and trust the match (findings.py, checkpoint-short-rematch,
+    recorded), so where their policy leaves a short leaf their runs steer clear of it and go
+    on checking the rest; the bug's vectors and the table's bisection still replay it."""
     chunk = tree == CHUNK
     return (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL) \
         + (() if chunk else (Capability.PREFIX_SHARING,)) \
         + (Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL) + allocator_capabilities(release) \
-        + (UNSTEERED_PD if release.release == "0.5.23" and not chunk else ())
+        + (UNSTEERED_PD if release.release == "0.5.23" and not chunk else ()) \
+        + ((Capability.SHORT_LEAF_CHECKPOINTS,) if release.release == "0.5.23" else ())
 
 
 def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:

@@ -88,6 +88,11 @@ FINDINGS = (
     # release, and passes on 0.5.23)
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("crashed",),
             unless=("no-chunk-release",), says="^(evict|prefill_chunk) raised AssertionError", runs=(Run(4, 6, 4),)),
+    # the same on 0.5.22's Rust core without the chunk release: its finish path matches again
+    # after the insert (below) and the allocator's assertion meets the pages freed twice
+    Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("rust",), ("crashed",),
+            by_default=(), knobs=("no-chunk-release",), says="^(evict|prefill_chunk) raised AssertionError",
+            runs=(Run(4, 6, 4),)),
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
     # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
