@@ -352,6 +352,16 @@ class TwoPoolEngine:
         request = self.requests[rid]
         self.release(request, checkpoint=True, owned=request.kv_committed_len - trim)
 
+    def finish_batch(self, finishes: list[dict]) -> None:
+        """[LIFE-10] The requests one decode batch finishes, each as `finish` releases it, in
+        order inside one free group, as a scheduler processes a decode batch's results."""
+        self.refuse_misuse(EngineOperation.FINISH_BATCH, finishes=finishes)
+        self.allocator.free_group_begin()
+        for finish in finishes:
+            request = self.requests[finish["rid"]]
+            self.release(request, checkpoint=True, owned=request.kv_committed_len - finish["trim"])
+        self.allocator.free_group_end()
+
     def abort(self, rid: str) -> None:
         """[LIFE-5] Release without caching."""
         self.refuse_misuse(EngineOperation.ABORT, rid=rid)

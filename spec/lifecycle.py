@@ -1,7 +1,7 @@
-"""The request lifecycle [LIFE-1 .. LIFE-9]: the engine's operations and the decisions they rest on.
+"""The request lifecycle [LIFE-1 .. LIFE-10]: the engine's operations and the decisions they rest on.
 
-The engine's operations (admit, prefill chunk, prefill batch, decode step, finish, abort,
-retract, PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
+The engine's operations (admit, prefill chunk, prefill batch, decode step, finish, finish
+batch, abort, retract, PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
 states their signatures, `refusal` the misuse every engine must refuse (LIFE-1), and the
 functions below the arithmetic they rest on, so that an implementation and the reference
 compute the same boundaries.
@@ -25,6 +25,7 @@ class EngineOperation(Name):
     PREFILL_BATCH = "prefill_batch"
     DECODE = "decode"
     FINISH = "finish"
+    FINISH_BATCH = "finish_batch"
     ABORT = "abort"
     RETRACT = "retract"
     EVICT = "evict"
@@ -56,6 +57,11 @@ class EngineOperations(Protocol):
 
     def finish(self, rid: str, trim: int) -> None:
         """[LIFE-5] Cache what the request owns, less the last `trim` tokens, and free the rest."""
+
+    def finish_batch(self, finishes: Sequence[Mapping]) -> None:
+        """[LIFE-10] The requests a decode batch finishes, released in order inside one free
+        group. `finishes`: {"rid", "trim"} each, as finish takes them. Optional: an engine
+        offers it with the capability batched_finish."""
 
     def abort(self, rid: str) -> None:
         """[LIFE-5] Release without caching."""
@@ -107,6 +113,8 @@ def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, Run
         return None
     if operation == EngineOperation.PREFILL_BATCH:
         return batch_refusal(args["chunks"], running, retracted, size_full)
+    if operation == EngineOperation.FINISH_BATCH:
+        return batch_refusal(args["finishes"], running, retracted, size_full, EngineOperation.FINISH)
     if rid not in running:
         return f"unknown request {rid!r}: admit it first (running: {sorted(running)})"
     request = running[rid]
@@ -128,17 +136,19 @@ def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, Run
     return None
 
 
-def batch_refusal(chunks: Sequence[Mapping], running: Mapping[str, RunningRequest], retracted: Collection[str],
-                  size_full: int) -> str | None:
-    """[LIFE-1, LIFE-9] A prefill batch is refused when it has no chunk, names a request twice,
-    or has a chunk that prefill_chunk would refuse."""
-    if not chunks:
-        return "a prefill batch needs at least one chunk"
-    rids = [chunk["rid"] for chunk in chunks]
+def batch_refusal(members: Sequence[Mapping], running: Mapping[str, RunningRequest], retracted: Collection[str],
+                  size_full: int, each: EngineOperation = EngineOperation.PREFILL_CHUNK) -> str | None:
+    """[LIFE-1, LIFE-9, LIFE-10] A batch (the chunks of a prefill batch, the finishes of a
+    finish batch) is refused when it is empty, names a request twice, or has a member that
+    its one-request operation (`each`) would refuse."""
+    what = "prefill batch" if each == EngineOperation.PREFILL_CHUNK else "finish batch"
+    if not members:
+        return f"a {what} needs at least one request"
+    rids = [member["rid"] for member in members]
     if twice := sorted({rid for rid in rids if rids.count(rid) > 1}):
-        return f"a prefill batch names request {twice[0]!r} twice; give each request one chunk"
-    for chunk in chunks:
-        if why := refusal(EngineOperation.PREFILL_CHUNK, chunk, running, retracted, size_full):
+        return f"a {what} names request {twice[0]!r} twice; give each request one entry"
+    for member in members:
+        if why := refusal(each, member, running, retracted, size_full):
             return f"in the batch: {why}"
     return None
 

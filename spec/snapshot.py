@@ -133,11 +133,12 @@ class Step:
 
     operation: "EngineOperation | SchedulerOperation"
     """What the step was: an EngineOperation (admit, pd_admit, prefill_chunk, prefill_batch,
-    decode, finish, abort, retract, evict) or, at the scheduler tier, a SchedulerOperation."""
+    decode, finish, finish_batch, abort, retract, evict) or, at the scheduler tier, a SchedulerOperation."""
     rid: str | None = None
     outcome: Outcome = Outcome.OK
     batch: tuple[str, ...] = ()
-    """The requests of a prefill_batch step, in its order (LIFE-9); rid is None there."""
+    """The requests of a prefill_batch (LIFE-9) or finish_batch (LIFE-10) step, in its order; rid
+    is None there."""
 
     @property
     def rids(self) -> tuple[str, ...]:

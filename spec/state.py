@@ -30,7 +30,9 @@ from .registry import invariant
 from .snapshot import NodeView, Step, TwoPoolSnapshot, two_pool_drained_violations, two_pool_observables
 
 ADMISSIONS = frozenset({EngineOperation.ADMIT, EngineOperation.PD_ADMIT})
-RELEASES = frozenset({EngineOperation.FINISH, EngineOperation.ABORT, EngineOperation.RETRACT})
+RELEASES = frozenset({EngineOperation.FINISH, EngineOperation.FINISH_BATCH, EngineOperation.ABORT,
+                      EngineOperation.RETRACT})
+FINISHES = frozenset({EngineOperation.FINISH, EngineOperation.FINISH_BATCH})
 """The steps that end a request's row (LIFE-5): its state is released or kept as a checkpoint."""
 
 STATE_DIGEST_MODULUS = 1 << 23
@@ -356,18 +358,19 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
 @invariant("STATE-9", "leak")
 def released_state_violations(previous: HybridStateSnapshot, step: Step, now: HybridStateSnapshot) -> list[Violation]:
     """[STATE-9] A request that finishes, aborts or is retracted gives back every slot:
-    each is free after, or (a finish only) a checkpoint of the tree."""
+    each is free after, or (a finish only) a checkpoint of the tree. A finish batch (LIFE-10)
+    releases each of its requests so."""
     if step.operation not in RELEASES:
         return []
-    request = next((r for r in previous.state.requests if r.rid == step.rid), None)
-    if request is None:
-        return []
     free = set(now.state.free_slots)
-    kept = {value.slot for _, value in now.state.checkpoints} if step.operation == EngineOperation.FINISH else set()
-    return [Violation("STATE-9", f"{step.operation} of request {step.rid} left its state slot {value.slot} "
-                                 + ("neither free nor a checkpoint" if step.operation == EngineOperation.FINISH
-                                    else "not free"))
-            for value in request.values if value.slot not in free | kept]
+    finish = step.operation in FINISHES
+    kept = {value.slot for _, value in now.state.checkpoints} if finish else set()
+    found = []
+    for request in (r for r in previous.state.requests if r.rid in step.rids):
+        found += [Violation("STATE-9", f"{step.operation} of request {request.rid} left its state slot {value.slot} "
+                                       + ("neither free nor a checkpoint" if finish else "not free"))
+                  for value in request.values if value.slot not in free | kept]
+    return found
 
 
 def state_observables(snapshot: HybridStateSnapshot, outcome: str) -> dict:

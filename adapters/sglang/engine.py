@@ -13,6 +13,7 @@ operation calls what the scheduler calls:
 | prefill_batch     | `alloc_for_extend` on the whole `ScheduleBatch`, then, as `process_batch_result_prefill`, `checkpoint_kv_cache` of the requests it completes inside one free group (from 0.5.18), then of the others (the next round's) |
 | decode            | `check_decode_capacity` (the retract loop's gate), then `alloc_for_decode` (runs `maybe_evict_swa`) |
 | finish            | `release_kv_cache(checkpoint=True)` with `finished_len` for a stop  |
+| finish_batch      | as `process_batch_result_decode`: the finishes' `release_kv_cache(checkpoint=True)` inside one free group |
 | abort / retract   | `release_kv_cache(checkpoint=False)` (+ `reset_for_retract`)         |
 | evict             | `tree_cache.evict(EvictParams)`                                     |
 
@@ -427,6 +428,20 @@ class SglangEngine(SglangCacheView):
 
     def finish(self, rid: str, trim: int = 0) -> None:
         self.refuse_misuse(EngineOperation.FINISH, rid=rid, trim=trim)
+        self.finished(rid, trim)
+
+    def finish_batch(self, finishes: list[dict]) -> None:
+        """[LIFE-10] A decode batch's results, as process_batch_result_decode handles them in
+        every release from 0.5.14 (0.5.23 `managers/scheduler_components/batch_result_processor.py`,
+        its free_group_begin and free_group_end around the loop): each finished request's
+        release_kv_cache inside one free group."""
+        self.refuse_misuse(EngineOperation.FINISH_BATCH, finishes=finishes)
+        self.allocator.free_group_begin()
+        for finish in finishes:
+            self.finished(finish["rid"], finish["trim"])
+        self.allocator.free_group_end()
+
+    def finished(self, rid: str, trim: int) -> None:
         req = self.requests[rid]
         written_outputs = self.kv(req).committed - len(req.origin_input_ids)
         req.finished_reason = self.s.FINISH_LENGTH(length=len(req.output_ids))

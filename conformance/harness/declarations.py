@@ -106,6 +106,9 @@ class Capability(Name):
     BATCHED_PREFILL = ("batched_prefill", (Tier.ENGINE,),
                        "the engine offers prefill_batch, one chunk of each of several requests in one step (LIFE-9)",
                        "prefill batches; without it every prefill step is one request's", "a prefill_batch step")
+    BATCHED_FINISH = ("batched_finish", (Tier.ENGINE,),
+                      "the engine offers finish_batch, the finishes of one decode batch inside one free group (LIFE-10)",
+                      "finish batches; without it every finish step is one request's", "a finish_batch step")
 
     def __new__(cls, value: str, tiers: tuple[Tier, ...], meaning: str, turns_on: str, needed_by: str,
                 refines: str | None = None):
@@ -121,7 +124,7 @@ class Capability(Name):
         return None if self.refines_name is None else Capability(self.refines_name)
 
 
-OPTIONAL_OPERATIONS = {"prefill_batch": Capability.BATCHED_PREFILL}
+OPTIONAL_OPERATIONS = {"prefill_batch": Capability.BATCHED_PREFILL, "finish_batch": Capability.BATCHED_FINISH}
 """Engine operations an adapter offers only with a capability: required then, else never called."""
 
 

@@ -98,7 +98,8 @@ class EngineDriver:
         elif operation in ("admit", "pd_admit"):
             self.retracted.discard(args["rid"])
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
-        self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=tuple(chunk["rid"] for chunk in args.get("chunks", ()))))
+        batch = tuple(member["rid"] for member in args.get("chunks", args.get("finishes", ())))  # LIFE-9, LIFE-10
+        self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=batch))
         return outcome
 
     def forbidden(self, operation: str, args: dict[str, Any]) -> str | None:

@@ -16,7 +16,7 @@ no PD-decode admissions (without `pd_checkpoint_keeps_window`, none at windows w
 admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
 `short_leaf_checkpoints` no prefill ends where its checkpoint leaves a short leaf, without
 `chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
-step is one request's. With
+step is one request's, without `batched_finish` every finish step is. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -200,15 +200,29 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), stop=st.booleans())
         def finish(self, data, stop):
             rid = data.draw(st.sampled_from(sorted(self.decoding)))
+            self.run("finish", rid=rid, trim=self.trim(data, rid, stop))
+            self.decoding.remove(rid)
+
+        def trim(self, data, rid: str, stop: bool) -> int:
             view = self.view(rid)
             # a stop lies among the outputs whose KV is written: one per decode step; the
             # deepest one is drawn often, as it leaves whole pages over-allocated (LIFE-5)
             most = min(2 * P, view.decode_steps, view.kv_committed_len - view.cache_protected_len)
             if G is not None and Capability.RELEASES_STATE_AT_STOP not in self.capabilities:
                 most = 0  # the engine keeps a state that has read past the stop (STATE-3, SGL-10): not drawn
-            trim = data.draw(st.just(most) | st.integers(0, most)) if stop else 0
-            self.run("finish", rid=rid, trim=trim)
-            self.decoding.remove(rid)
+            return data.draw(st.just(most) | st.integers(0, most)) if stop else 0
+
+        def finish_batch(self, data):
+            """The requests one decode batch finishes (LIFE-10), each with a stop drawn as `finish`
+            draws it, released inside one free group: requests that share a cached path then
+            insert it, and free what they own, while the others' frees are still queued."""
+            rids = data.draw(st.lists(st.sampled_from(sorted(self.decoding)), min_size=2, unique=True))
+            finishes = [{"rid": rid, "trim": self.trim(data, rid, data.draw(st.booleans()))} for rid in rids]
+            self.run("finish_batch", finishes=finishes)
+            self.decoding.difference_update(rids)
+
+        if Capability.BATCHED_FINISH in capabilities:  # as prefill_batch: a rule changes every run's draws
+            finish_batch = precondition(lambda self: len(self.decoding) >= 2)(rule(data=st.data())(finish_batch))
 
         @precondition(lambda self: self.running())
         @rule(data=st.data(), retract=st.booleans())

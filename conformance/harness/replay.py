@@ -201,6 +201,8 @@ def unknown_request(trace: Trace, index: int) -> str | None:
                 running.add(earlier.args["rid"])
         elif earlier.op in ("finish", "abort", "retract"):
             running.discard(earlier.args["rid"])
+        elif earlier.op == "finish_batch":
+            running.difference_update(finish["rid"] for finish in earlier.args["finishes"])
         elif earlier.op == "drain":
             running.clear()
     if step.op == "submit" and rid in admitted:

@@ -889,6 +889,8 @@ OPERATIONS = {
                      "checkpointed into the tree",
     "decode": "one decode step of {rid}",
     "finish": "{rid} finishes{stop}; its KV goes into the tree",
+    "finish_batch": "one decode batch's results: {finishes} finish, each one's KV going into the tree, "
+                    "inside one free group",
     "abort": "{rid} is aborted: its KV is released",
     "retract": "{rid} is retracted: its KV is released, and it waits to be admitted again",
     "evict": "evict up to {full_tokens} full and {swa_tokens} SWA tokens from the tree",
@@ -900,6 +902,8 @@ OPERATIONS = {
 def describe(number: int, op: str, args: dict) -> str:
     words = dict(args, prompt_len=len(args.get("prompt") or ()),
                  chunks=", ".join(f"{chunk['rid']}: {chunk['chunk']} tokens" for chunk in args.get("chunks", ())),
+                 finishes=", ".join(finish["rid"] + (f" (at a stop {finish['trim']} tokens back)" if finish["trim"] else "")
+                                    for finish in args.get("finishes", ())),
                  stop=f" at a stop {args['trim']} tokens back" if args.get("trim") else "")
     return f"step {number}: " + OPERATIONS[op].format(**words)
 
