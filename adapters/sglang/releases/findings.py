@@ -123,6 +123,10 @@ FINDINGS = (
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"), ("I9",),
             unless=("drop-margin",), says="decode steps, more than",
             vector="vectors/regressions/sglang/decode-eviction-phase-margin.jsonl"),
+    # the same phase gate on the chunk cache (--disable-radix-cache): maybe_evict_swa gates every
+    # decode batch's eviction, whatever the cache (0.5.14 managers/schedule_batch.py:2862-2870)
+    Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("chunk",), ("I9",),
+            says="decode steps, more than", vector="vectors/regressions/sglang/decode-eviction-phase-chunk.jsonl"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.15.post1", None, ("legacy",), ("I9",),
             says="the chunk left"),
     Finding("no-chunk-release", "divergence", "0.5.14", "0.5.23", None, ("python", "rust"), ("I9",),
