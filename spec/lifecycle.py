@@ -141,12 +141,12 @@ def batch_refusal(members: Sequence[Mapping], running: Mapping[str, RunningReque
     """[LIFE-1, LIFE-9, LIFE-10] A batch (the chunks of a prefill batch, the finishes of a
     finish batch) is refused when it is empty, names a request twice, or has a member that
     its one-request operation (`each`) would refuse."""
-    what = "prefill batch" if each == EngineOperation.PREFILL_CHUNK else "finish batch"
+    what, member = ("prefill batch", "chunk") if each == EngineOperation.PREFILL_CHUNK else ("finish batch", "finish")
     if not members:
-        return f"a {what} needs at least one request"
+        return f"a {what} needs at least one {member}"
     rids = [member["rid"] for member in members]
     if twice := sorted({rid for rid in rids if rids.count(rid) > 1}):
-        return f"a {what} names request {twice[0]!r} twice; give each request one entry"
+        return f"a {what} names request {twice[0]!r} twice; give each request one {member}"
     for member in members:
         if why := refusal(each, member, running, retracted, size_full):
             return f"in the batch: {why}"

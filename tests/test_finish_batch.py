@@ -74,7 +74,7 @@ def test_a_batch_that_drops_a_request_without_releasing_it_leaks():
 
 
 @pytest.mark.parametrize("finishes, says", [
-    ([], "a finish batch needs at least one request"),
+    ([], "a finish batch needs at least one finish"),
     ([{"rid": "a", "trim": 0}, {"rid": "a", "trim": 0}], "names request 'a' twice"),
     ([{"rid": "a", "trim": 0}, {"rid": "c", "trim": 0}], "unknown request 'c'"),
     ([{"rid": "a", "trim": 0}, {"rid": "p", "trim": 0}], "cannot finish during prefill"),
