@@ -5,11 +5,14 @@ each capability means and turns on."""
 
 import subprocess
 import sys
+import types
 
 import pytest
 
-from kvspec.conformance.harness.declarations import Capability, Tier
-from kvspec.conformance.harness.protocol import AdapterError, validate
+from kvspec.conformance.harness.declarations import OPTIONAL_OPERATIONS, Capability, Tier
+from kvspec.conformance.harness.protocol import AdapterError, load_adapter, validate
+from kvspec.spec.snapshot import EngineConfig
+from kvspec.spec.window import Policy
 
 UNREGISTERED = "I" + "99"  # no clause has this id (spelt in two parts so clause coverage reads no citation)
 
@@ -57,3 +60,29 @@ def test_an_adapter_declaring_a_capability_the_table_lacks_is_refused_naming_the
                              "make_allocator": staticmethod(lambda *args: None)})
     with pytest.raises(AdapterError, match=r"unknown capabilities \['warp_drive'\]; known: page_size_1, "):
         validate(adapter, "a")
+
+
+@pytest.mark.parametrize("operation, capability", sorted(OPTIONAL_OPERATIONS.items()))
+def test_an_adapter_claiming_an_optional_operations_capability_must_offer_it(operation, capability, monkeypatch):
+    """prefill_batch (LIFE-9) and finish_batch (LIFE-10): an engine that lacks the operation is an
+    adapter error while its adapter claims the capability, and fine once it does not."""
+    reference = load_adapter("reference")
+
+    class Without:
+        def __init__(self, engine):
+            self.engine = engine
+
+        def __getattr__(self, name):
+            if name == operation:
+                raise AttributeError(name)
+            return getattr(self.engine, name)
+
+    module = types.SimpleNamespace(ADAPTER=types.SimpleNamespace(
+        name=f"no-{operation}", policy_version="sglang-0.5.23", capabilities=reference.capabilities,
+        make_engine=lambda cfg: Without(reference.make_engine(cfg))))
+    monkeypatch.setitem(sys.modules, "without_adapter", module)
+    config = EngineConfig(page_size=4, window=8, size_full=256, size_swa=64, max_requests=4, policy=Policy())
+    with pytest.raises(AdapterError, match=f"lacks {operation}"):
+        load_adapter("without_adapter:ADAPTER").make_engine(config)
+    module.ADAPTER.capabilities = tuple(c for c in reference.capabilities if c != capability)
+    assert load_adapter("without_adapter:ADAPTER").make_engine(config) is not None

@@ -5,13 +5,11 @@ The reference's batch, a seeded bug the step checks catch, the misuse every engi
 refuse, and the capability's plumbing: the protocol, the replay and the trace format."""
 
 import json
-import sys
-import types
 from dataclasses import replace
 
 import pytest
 
-from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import replay, unmet_requirements
 from kvspec.conformance.harness.trace import Trace, TraceError, TraceStep, parse
 from kvspec.reference.engine import TwoPoolEngine
@@ -115,25 +113,3 @@ def test_an_empty_finish_batch_is_a_malformed_trace():
     step["args"]["finishes"] = []
     with pytest.raises(TraceError, match="finishes"):
         parse("\n".join([header, json.dumps(step)]) + "\n")
-
-
-def test_an_adapter_claiming_batched_finish_must_offer_finish_batch(monkeypatch):
-    reference = load_adapter("reference")
-
-    class WithoutBatches:
-        def __init__(self, engine):
-            self.engine = engine
-
-        def __getattr__(self, name):
-            if name == "finish_batch":
-                raise AttributeError(name)
-            return getattr(self.engine, name)
-
-    module = types.SimpleNamespace(ADAPTER=types.SimpleNamespace(
-        name="no-finish-batches", policy_version="sglang-0.5.23", capabilities=reference.capabilities,
-        make_engine=lambda cfg: WithoutBatches(reference.make_engine(cfg))))
-    monkeypatch.setitem(sys.modules, "no_finish_batches_adapter", module)
-    with pytest.raises(AdapterError, match="lacks finish_batch"):
-        load_adapter("no_finish_batches_adapter:ADAPTER").make_engine(config())
-    module.ADAPTER.capabilities = tuple(c for c in reference.capabilities if c != "batched_finish")
-    assert load_adapter("no_finish_batches_adapter:ADAPTER").make_engine(config()) is not None

@@ -7,8 +7,6 @@ tests/test_sglang_releases.py replays its vector), and the capability's plumbing
 protocol, the replay and the trace format."""
 
 import json
-import sys
-import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 from kvspec.adapters.mutants.allocator import GroupEndMappingAllocator
 from kvspec.adapters.mutants.seeding import engine_with_allocator
-from kvspec.conformance.harness.protocol import AdapterError, load_adapter
+from kvspec.conformance.harness.protocol import load_adapter
 from kvspec.conformance.harness.replay import unmet_requirements
 from kvspec.conformance.harness.trace import TraceError, load, parse
 from kvspec.reference.engine import TwoPoolEngine
@@ -117,29 +115,6 @@ def test_i10_reads_every_checkpoint_of_a_batch():
     found = insert_boundary_violations(before, Step("prefill_batch", None, Outcome.OK, batch=("a", "b")),
                                        engine.snapshot())
     assert found and all(v.clause == "I10" and "request b" in v.message for v in found)
-
-
-def test_an_adapter_claiming_batched_prefill_must_offer_prefill_batch(monkeypatch):
-    reference = load_adapter("reference")
-
-    class WithoutBatches:
-        def __init__(self, engine):
-            self.engine = engine
-
-        def __getattr__(self, name):
-            if name == "prefill_batch":
-                raise AttributeError(name)
-            return getattr(self.engine, name)
-
-    module = types.SimpleNamespace(ADAPTER=types.SimpleNamespace(
-        name="no-batches", policy_version="sglang-0.5.23", capabilities=reference.capabilities,
-        make_engine=lambda cfg: WithoutBatches(reference.make_engine(cfg))))
-    monkeypatch.setitem(sys.modules, "no_batches_adapter", module)
-    claims = load_adapter("no_batches_adapter:ADAPTER")
-    with pytest.raises(AdapterError, match="lacks prefill_batch"):
-        claims.make_engine(config())
-    module.ADAPTER.capabilities = tuple(c for c in reference.capabilities if c != "batched_prefill")
-    assert load_adapter("no_batches_adapter:ADAPTER").make_engine(config()) is not None
 
 
 def test_a_trace_with_a_batch_needs_the_capability():
