@@ -97,15 +97,20 @@ class TwoPoolEngine:
         self.req_to_token = torch.zeros(config.max_requests + 1, self.max_context_len, dtype=torch.int64,
                                         device=self.allocator.device)
         self.free_rows = list(range(config.max_requests, 0, -1))
-        self.states = StatePool(config.state_slots, config.state_grid, self.allocator.device) \
-            if config.state_slots else None
-        self.tree = (PrefixTree(self.allocator, config.page_size, config.window, config.policy.version, self.states)
-                     if config.policy.supports_prefix_sharing else None)
+        self.states, self.tree = self.empty_cache()
         self.requests: dict[str, Request] = {}
         self.waiting: dict[str, list[int]] = {}
         """Retracted requests: their tokens, ready to be admitted again."""
 
     # -- helpers --------------------------------------------------------------------------
+
+    def empty_cache(self) -> tuple[StatePool | None, PrefixTree | None]:
+        """A state pool with every slot free and an empty prefix tree over it."""
+        config = self.config
+        states = StatePool(config.state_slots, config.state_grid, self.allocator.device) if config.state_slots else None
+        tree = (PrefixTree(self.allocator, config.page_size, config.window, config.policy.version, states)
+                if config.policy.supports_prefix_sharing else None)
+        return states, tree
 
     def refuse_misuse(self, operation: EngineOperation, **args) -> None:
         """[LIFE-1] Raise InvalidRequest, before anything changes, for a call the lifecycle forbids."""
@@ -381,6 +386,13 @@ class TwoPoolEngine:
         """[LIFE-7] Evict from the prefix cache; returns the tokens freed per pool."""
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         return (0, 0) if self.tree is None else self.tree.evict(full_tokens, swa_tokens)
+
+    def flush(self) -> None:
+        """[LIFE-11] An idle engine forgets its prefix cache: an empty tree, every page and
+        state slot free. Retracted requests stay waiting; they hold nothing."""
+        self.refuse_misuse(EngineOperation.FLUSH)
+        self.allocator.clear()
+        self.states, self.tree = self.empty_cache()
 
     # -- observation ------------------------------------------------------------------
 

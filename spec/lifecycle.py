@@ -1,7 +1,7 @@
-"""The request lifecycle [LIFE-1 .. LIFE-10]: the engine's operations and the decisions they rest on.
+"""The request lifecycle [LIFE-1 .. LIFE-11]: the engine's operations and the decisions they rest on.
 
 The engine's operations (admit, prefill chunk, prefill batch, decode step, finish, finish
-batch, abort, retract, PD-decode pre-allocation, evict) are described in 06-lifecycle.md: `EngineOperations`
+batch, abort, retract, PD-decode pre-allocation, evict, flush) are described in 06-lifecycle.md: `EngineOperations`
 states their signatures, `refusal` the misuse every engine must refuse (LIFE-1), and the
 functions below the arithmetic they rest on, so that an implementation and the reference
 compute the same boundaries.
@@ -29,6 +29,7 @@ class EngineOperation(Name):
     ABORT = "abort"
     RETRACT = "retract"
     EVICT = "evict"
+    FLUSH = "flush"
 
 
 class EngineOperations(Protocol):
@@ -72,6 +73,10 @@ class EngineOperations(Protocol):
     def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
         """[LIFE-7] Evict from the prefix cache; the tokens freed per pool."""
 
+    def flush(self) -> None:
+        """[LIFE-11] With no request running, forget the whole prefix cache: every page of
+        every pool free. Optional: an engine offers it with the capability flush."""
+
 
 @dataclass(frozen=True)
 class RunningRequest:
@@ -87,8 +92,9 @@ class RunningRequest:
 
 def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
             size_full: int) -> str | None:
-    """[LIFE-1] Why the lifecycle forbids this call, or None if it allows it. Every engine
-    refuses what this names, with InvalidRequest and no change, and nothing else.
+    """[LIFE-1, LIFE-11] Why the lifecycle forbids this call, or None if it allows it. Every
+    engine refuses what this names, with InvalidRequest and no change, and nothing else (a
+    flush while a request runs among it).
     `args` are the operation's arguments by EngineOperations' names; `running` the
     requests that hold a row, `retracted` those waiting to be admitted again."""
     rid = args.get("rid")
@@ -110,6 +116,11 @@ def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, Run
     if operation == EngineOperation.EVICT:
         if args["full_tokens"] < 0 or args["swa_tokens"] < 0:
             return f"evict needs non-negative token counts (got {args['full_tokens']}, {args['swa_tokens']})"
+        return None
+    if operation == EngineOperation.FLUSH:
+        if running:
+            return (f"flush while requests are running ({', '.join(sorted(running))}): "
+                    f"finish, abort or retract them first")
         return None
     if operation == EngineOperation.PREFILL_BATCH:
         return batch_refusal(args["chunks"], running, retracted, size_full)

@@ -163,8 +163,8 @@ def two_pool_observables(snapshot: TwoPoolSnapshot, outcome: Outcome) -> dict:
 
 
 def two_pool_drained_violations(snapshot: TwoPoolSnapshot) -> list[Violation]:
-    """[I2, I3] With every request released and the whole cache evicted, every page of
-    both pools is free: a page that is not is a leak."""
+    """[I2, I3, LIFE-11] With every request released and the whole cache evicted, or after
+    a flush, every page of both pools is free: a page that is not is a leak."""
     found = []
     for clause, pool in (("I2", snapshot.allocator.full), ("I3", snapshot.allocator.swa)):
         if pool.num_pages != pool.free_count:

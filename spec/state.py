@@ -383,8 +383,8 @@ def state_observables(snapshot: HybridStateSnapshot, outcome: str) -> dict:
 
 
 def state_drained_violations(snapshot: HybridStateSnapshot) -> list[Violation]:
-    """[I2, I3, STATE-9] With every request released and the whole cache evicted, every
-    page of both pools and every state slot is free."""
+    """[I2, I3, STATE-9, LIFE-11] With every request released and the whole cache evicted,
+    or after a flush, every page of both pools and every state slot is free."""
     found = two_pool_drained_violations(snapshot)
     held = snapshot.state.num_slots - len(snapshot.state.free_slots)
     if held:

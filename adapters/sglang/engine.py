@@ -16,6 +16,7 @@ operation calls what the scheduler calls:
 | finish_batch      | as `process_batch_result_decode`: the finishes' `release_kv_cache(checkpoint=True)` inside one free group |
 | abort / retract   | `release_kv_cache(checkpoint=False)` (+ `reset_for_retract`)         |
 | evict             | `tree_cache.evict(EvictParams)`                                     |
+| flush             | as `Scheduler.flush_cache` when idle: `tree_cache.reset()`, `req_to_token_pool.clear()`, the allocator's `clear()`, `reset_aux_cache_allocator()` (from 0.5.19) |
 
 Two things are the scheduler's, not the cache's, and are done here as SGLang's
 scheduler does them: a request gets its row in its first extend (`alloc_req_slots`),
@@ -463,3 +464,14 @@ class SglangEngine(SglangCacheView):
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         result = self.cache.evict(self.s.EvictParams(num_tokens=full_tokens, swa_num_tokens=swa_tokens))
         return result.num_tokens_evicted, result.swa_num_tokens_evicted
+
+    def flush(self) -> None:
+        """[LIFE-11] `Scheduler.flush_cache` of an idle server, the same four calls in every
+        release (0.5.14 managers/scheduler.py:3642-3647, 0.5.23 :5520-5526; the aux cache's
+        reset from 0.5.19). A retracted request keeps its `Req`: readmitted, it matches anew."""
+        self.refuse_misuse(EngineOperation.FLUSH)
+        self.cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        if hasattr(self.req_to_token_pool, "reset_aux_cache_allocator"):
+            self.req_to_token_pool.reset_aux_cache_allocator()

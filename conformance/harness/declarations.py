@@ -109,6 +109,8 @@ class Capability(Name):
     BATCHED_FINISH = ("batched_finish", (Tier.ENGINE,),
                       "the engine offers finish_batch, the finishes of one decode batch inside one free group (LIFE-10)",
                       "finish batches; without it every finish step is one request's", "a finish_batch step")
+    FLUSH = ("flush", (Tier.ENGINE,), "the engine offers flush, dropping its whole prefix cache while idle (LIFE-11)",
+             "cache flushes; without it no run flushes", "a flush step")
 
     def __new__(cls, value: str, tiers: tuple[Tier, ...], meaning: str, turns_on: str, needed_by: str,
                 refines: str | None = None):
@@ -124,7 +126,8 @@ class Capability(Name):
         return None if self.refines_name is None else Capability(self.refines_name)
 
 
-OPTIONAL_OPERATIONS = {"prefill_batch": Capability.BATCHED_PREFILL, "finish_batch": Capability.BATCHED_FINISH}
+OPTIONAL_OPERATIONS = {"prefill_batch": Capability.BATCHED_PREFILL, "finish_batch": Capability.BATCHED_FINISH,
+                       "flush": Capability.FLUSH}
 """Engine operations an adapter offers only with a capability: required then, else never called."""
 
 

@@ -6,7 +6,8 @@ prompts as token ids, chunk lengths, token counts to evict), so they need no
 translation. With large pools an engine that can show a partial snapshot is checked on
 one between whole ones [OBS-4]. A step marked `refuse` is misuse the spec requires the engine to refuse
 with InvalidRequest and no change [LIFE-1]. `drain` finishes every decoding request,
-aborts every prefilling one, evicts the whole cache and requires every page free.
+aborts every prefilling one, evicts the whole cache and requires every page free; a
+`flush` must end there too [LIFE-11].
 """
 
 from typing import Any
@@ -99,7 +100,9 @@ class EngineDriver:
             self.retracted.discard(args["rid"])
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
         batch = tuple(member["rid"] for member in args.get("chunks", args.get("finishes", ())))  # LIFE-9, LIFE-10
-        self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=batch))
+        self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=batch), whole=operation == "flush")
+        if operation == "flush":  # [LIFE-11] what a drain ends in
+            self.require_drained("after flushing the cache:")
         return outcome
 
     def forbidden(self, operation: str, args: dict[str, Any]) -> str | None:
@@ -154,5 +157,9 @@ class EngineDriver:
         self.call("evict", {"full_tokens": config.size_full, "swa_tokens": config.size_swa})
         if self.period > 1:  # end on a whole snapshot: every pool-wide check once more
             self.check(None, whole=True)
+        self.require_drained("after releasing every request and evicting the whole cache:")
+
+    def require_drained(self, after: str):
+        """Every page of every pool free, on the last (whole) snapshot."""
         if violations := self.model.drained_violations(self.previous):
-            raise InvariantViolation.of(violations, "after releasing every request and evicting the whole cache:")
+            raise InvariantViolation.of(violations, after)

@@ -16,7 +16,8 @@ no PD-decode admissions (without `pd_checkpoint_keeps_window`, none at windows w
 admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
 `short_leaf_checkpoints` no prefill ends where its checkpoint leaves a short leaf, without
 `chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
-step is one request's, without `batched_finish` every finish step is. With
+step is one request's, without `batched_finish` every finish step is, without `flush` no
+run flushes. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -235,6 +236,14 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.decoding.discard(rid)
             if retract:
                 self.retracted[rid] = tokens
+
+        def flush(self):
+            """[LIFE-11] An idle server's cache flush: every page free after it. With a request
+            running it is misuse, which the engine must refuse, changing nothing."""
+            self.run("flush", refuse=bool(self.running()))
+
+        if Capability.FLUSH in capabilities:  # as prefill_batch: a rule changes every run's draws
+            flush = precondition(lambda self: self.next_id > 0)(rule()(flush))
 
         @precondition(lambda self: self.retracted and self.running() < self.config.max_requests)
         @rule(data=st.data())

@@ -63,6 +63,7 @@ def derived_needs(trace: Trace) -> tuple[Capability, ...]:
         Capability.STATE_GROUP: scheduler and STATE in config["groups"],
         Capability.BATCHED_PREFILL: "prefill_batch" in operations,
         Capability.BATCHED_FINISH: "finish_batch" in operations,
+        Capability.FLUSH: "flush" in operations,
     }
     return tuple(capability for capability in Capability if needed.get(capability))
 
