@@ -132,7 +132,7 @@ class TwoPoolEngine:
     def set_row(self, request: Request, start: int, slots: torch.Tensor) -> None:
         self.req_to_token[request.row_index, start:start + len(slots)] = slots
 
-    def match(self, request: Request, max_prefix_len: int) -> None:
+    def adopt_prefix(self, request: Request, max_prefix_len: int) -> None:
         """Adopt the longest acceptable cached prefix of at most `max_prefix_len` tokens
         and lock it (SGLang: match_prefix, then the lock taken at admission)."""
         if self.tree is None:
@@ -188,7 +188,7 @@ class TwoPoolEngine:
         if isinstance(request, OutOfMemory):
             return request
         self.waiting.pop(rid, None)
-        self.match(request, admission_match_limit(len(request.tokens)))
+        self.adopt_prefix(request, admission_match_limit(len(request.tokens)))
         return None
 
     def pd_admit(self, rid: str, prompt: list[int], first_output: int) -> OutOfMemory | None:
@@ -202,7 +202,7 @@ class TwoPoolEngine:
         fill = len(prompt)
         tail = (swa_tail_len(fill, self.window, self.page_size, self.tree is not None)
                 if self.page_size > 1 else fill)
-        self.match(request, fill - tail)
+        self.adopt_prefix(request, fill - tail)
         prefix = request.kv_allocated_len
         last_loc = int(request.slots(prefix - 1, prefix)[0]) if prefix else -1
         if self.page_size > 1:
@@ -386,6 +386,14 @@ class TwoPoolEngine:
         """[LIFE-7] Evict from the prefix cache; returns the tokens freed per pool."""
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         return (0, 0) if self.tree is None else self.tree.evict(full_tokens, swa_tokens)
+
+    def match(self, prompt: list[int]) -> None:
+        """[LIFE-12] A waiting request's prompt matched as the scheduler orders its queue: the
+        tree's walk, which may split the node it ends in and makes the path it matched the
+        most recent; no row, no lock."""
+        self.refuse_misuse(EngineOperation.MATCH, prompt=prompt)
+        if self.tree is not None:
+            self.tree.match(prompt)
 
     def flush(self) -> None:
         """[LIFE-11] An idle engine forgets its prefix cache: an empty tree, every page and

@@ -1,7 +1,7 @@
-"""The request lifecycle [LIFE-1 .. LIFE-11]: the engine's operations and the decisions they rest on.
+"""The request lifecycle [LIFE-1 .. LIFE-12]: the engine's operations and the decisions they rest on.
 
 The engine's operations (admit, prefill chunk, prefill batch, decode step, finish, finish
-batch, abort, retract, PD-decode pre-allocation, evict, flush) are described in 06-lifecycle.md: `EngineOperations`
+batch, abort, retract, PD-decode pre-allocation, evict, flush, a waiting request's match) are described in 06-lifecycle.md: `EngineOperations`
 states their signatures, `refusal` the misuse every engine must refuse (LIFE-1), and the
 functions below the arithmetic they rest on, so that an implementation and the reference
 compute the same boundaries.
@@ -30,6 +30,7 @@ class EngineOperation(Name):
     RETRACT = "retract"
     EVICT = "evict"
     FLUSH = "flush"
+    MATCH = "match"
 
 
 class EngineOperations(Protocol):
@@ -77,6 +78,12 @@ class EngineOperations(Protocol):
         """[LIFE-11] With no request running, forget the whole prefix cache: every page of
         every pool free. Optional: an engine offers it with the capability flush."""
 
+    def match(self, prompt: Sequence[int]) -> None:
+        """[LIFE-12] The scheduler's match of a waiting request's prompt: the prefix tree may
+        split a node where the match ends and refresh the recency of the path it matched;
+        nothing is allocated, locked or freed. Optional: an engine offers it with the
+        capability waiting_matches."""
+
 
 @dataclass(frozen=True)
 class RunningRequest:
@@ -92,9 +99,9 @@ class RunningRequest:
 
 def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
             size_full: int) -> str | None:
-    """[LIFE-1, LIFE-11] Why the lifecycle forbids this call, or None if it allows it. Every
-    engine refuses what this names, with InvalidRequest and no change, and nothing else (a
-    flush while a request runs among it).
+    """[LIFE-1, LIFE-11, LIFE-12] Why the lifecycle forbids this call, or None if it allows
+    it. Every engine refuses what this names, with InvalidRequest and no change, and nothing
+    else (a flush while a request runs, a match of an empty prompt among it).
     `args` are the operation's arguments by EngineOperations' names; `running` the
     requests that hold a row, `retracted` those waiting to be admitted again."""
     rid = args.get("rid")
@@ -117,6 +124,8 @@ def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, Run
         if args["full_tokens"] < 0 or args["swa_tokens"] < 0:
             return f"evict needs non-negative token counts (got {args['full_tokens']}, {args['swa_tokens']})"
         return None
+    if operation == EngineOperation.MATCH:
+        return None if args["prompt"] else "a match needs a prompt of at least one token"
     if operation == EngineOperation.FLUSH:
         if running:
             return (f"flush while requests are running ({', '.join(sorted(running))}): "

@@ -303,14 +303,15 @@ def test_the_table_bisects_each_trace_once_and_keeps_it_beside_the_shard(tmp_pat
     assert history.table([path], tmp_path / "out", bisect=True) == 0
 
 
-def test_an_idle_servers_cache_flush_holds_on_every_tree_of_its_releases():
-    """[LIFE-11] vectors/tests/flush-forgets-the-cache.jsonl at each member's policy, on 0.5.14's
-    unified and Python trees, 0.5.18's Python tree, 0.5.19's Rust tree and 0.5.22's: each
-    flush_cache ends with every page free and every check holds (by invariants: the expected
-    observables are the reference's at 0.5.23's policy)."""
+@pytest.mark.parametrize("vector", ["flush-forgets-the-cache", "waiting-match-splits-and-refreshes"])
+def test_a_cache_flush_and_a_waiting_match_hold_on_every_tree_of_their_releases(vector):
+    """[LIFE-11, LIFE-12] The vectors at each member's policy, on 0.5.14's unified and Python
+    trees, 0.5.18's Python tree, 0.5.19's Rust tree and 0.5.22's: each flush_cache ends with
+    every page free, each waiting match splits and touches and changes nothing else, and every
+    check holds (by invariants: the expected observables are the reference's at 0.5.23's policy)."""
     require_releases("0.5.14", "0.5.18", "0.5.19", "0.5.22")
-    vector = str(TREE / "tests" / "flush-forgets-the-cache.jsonl")
+    path = str(TREE / "tests" / f"{vector}.jsonl")
     members = {member.name: member for member in bisect.members_of(history.FAMILY)}
     names = ["sglang@0.5.14", "sglang@0.5.14-python", "sglang@0.5.18", "sglang@0.5.19-rust", "sglang@0.5.22"]
-    outcomes = bisect.replay_pairs([(vector, members[name]) for name in names], workers=2)
+    outcomes = bisect.replay_pairs([(path, members[name]) for name in names], workers=2)
     assert [(o.member, o.verdict) for o in outcomes] == [(name, bisect.PASSES) for name in names], outcomes

@@ -240,7 +240,8 @@ def test_every_capability_is_derived_from_steps_or_said_why_not():
                   (TraceStep("finish", {"rid": "r", "trim": 1}), TraceStep("pd_admit", {"rid": "s", "prompt": [1],
                                                                                       "first_output": 2}),
                    TraceStep("prefill_batch", {"chunks": [{"rid": "s", "chunk": 1, "token": 1}]}),
-                   TraceStep("finish_batch", {"finishes": [{"rid": "s", "trim": 0}]}), TraceStep("flush", {})))
+                   TraceStep("finish_batch", {"finishes": [{"rid": "s", "trim": 0}]}), TraceStep("flush", {}),
+                   TraceStep("match", {"prompt": [1]})))
     state = Trace("engine", {**state.config, "window": 6}, "x", state.steps)  # W > P, W % P = 2: at risk
     scheduler = Trace("scheduler", {"page_size": 4, "window": 7, "pages": 2, "groups": ["full", "swa", "state"],
                                     "max_batch_size": 2, "max_scheduled_tokens": 8}, "x",

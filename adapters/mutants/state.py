@@ -43,8 +43,8 @@ class LEAK_STATE_ON_FAILED_ADMISSION(Mutant, slug="leak-state-on-failed-admissio
 
 
 class SharedStateOnHitEngine(TwoPoolEngine):
-    def match(self, request, max_prefix_len):
-        super().match(request, max_prefix_len)
+    def adopt_prefix(self, request, max_prefix_len):
+        super().adopt_prefix(request, max_prefix_len)
         node = request.last_node
         if node is not None and node.state is not None:
             # BUG: no copy-on-write: the request runs on the checkpoint's own slot
@@ -78,8 +78,8 @@ class CHECKPOINT_OFF_GRID(Mutant, slug="checkpoint-off-grid", engine=CheckpointO
 
 
 class NoCopyOnHitEngine(TwoPoolEngine):
-    def match(self, request, max_prefix_len):
-        super().match(request, max_prefix_len)
+    def adopt_prefix(self, request, max_prefix_len):
+        super().adopt_prefix(request, max_prefix_len)
         if request.state_slot is not None:
             self.states.contents[request.state_slot] = 0  # BUG: the copied state is cleared again
 

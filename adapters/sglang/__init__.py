@@ -14,7 +14,8 @@ from .engine import SglangEngine
 
 CAPABILITIES = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL, Capability.PREFIX_SHARING,
                 Capability.FREE_GROUPS, Capability.FULL_FREES, Capability.SEGMENT_FREES, Capability.CHUNKED_PREFILL,
-                Capability.BATCHED_PREFILL, Capability.BATCHED_FINISH, Capability.FLUSH, Capability.PD_DECODE, Capability.RECURRENT_STATE,
+                Capability.BATCHED_PREFILL, Capability.BATCHED_FINISH, Capability.FLUSH, Capability.WAITING_MATCHES,
+                Capability.PD_DECODE, Capability.RECURRENT_STATE,
                 Capability.SHORT_LEAF_CHECKPOINTS)
 """Not refuses_misuse, not atomic_alloc_decode, not releases_state_at_stop, not
 pd_checkpoint_keeps_window: see the known divergences. recurrent_state: FULL + SWA + MAMBA

@@ -16,6 +16,7 @@ operation calls what the scheduler calls:
 | finish_batch      | as `process_batch_result_decode`: the finishes' `release_kv_cache(checkpoint=True)` inside one free group |
 | abort / retract   | `release_kv_cache(checkpoint=False)` (+ `reset_for_retract`)         |
 | evict             | `tree_cache.evict(EvictParams)`                                     |
+| match             | a waiting request's match under a cache-aware policy (`_compute_prefix_matches`): `match_kv_cache(req, tree_cache)` (from 0.5.22; `match_prefix_for_req(tree_cache, req)` before), on a `Req` no one admits |
 | flush             | as `Scheduler.flush_cache` when idle: `tree_cache.reset()`, `req_to_token_pool.clear()`, the allocator's `clear()`, `reset_aux_cache_allocator()` (from 0.5.19) |
 
 Two things are the scheduler's, not the cache's, and are done here as SGLang's
@@ -194,6 +195,13 @@ class SglangEngine(SglangCacheView):
         """The allocation path's eviction before an extend (allocator/base.py evict_to_free_tokens)."""
         self.allocator.evict_to_free_tokens(self.cache, tokens)
 
+    def new_req(self, rid: str, prompt: list[int]):
+        """A request as the tokenizer manager hands it to the scheduler: greedy, no output limit."""
+        s = self.s
+        sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
+        sampling.normalize(None)
+        return s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
+
     def out_of_memory(self) -> OutOfMemory:
         full, swa = (size // self.P for size in (self.allocator.full_available_size(),
                                                   self.allocator.swa_available_size()))
@@ -202,14 +210,8 @@ class SglangEngine(SglangCacheView):
     # -- admission ------------------------------------------------------------------------
 
     def admit(self, rid: str, prompt: list[int] | None = None) -> OutOfMemory | None:
-        s = self.s
         self.refuse_misuse(EngineOperation.ADMIT, rid=rid, prompt=prompt)
-        if prompt is None:
-            req = self.retracted[rid]
-        else:
-            sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
-            sampling.normalize(None)
-            req = s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
+        req = self.retracted[rid] if prompt is None else self.new_req(rid, prompt)
         if len(self.requests) >= self.config.max_requests:  # the prefill adder's row budget
             return OutOfMemory("requests", 1, 0)
         if self.state:
@@ -285,9 +287,7 @@ class SglangEngine(SglangCacheView):
                                       "the state runs are at page size 1, where the engine machine draws none")
         if len(self.requests) >= self.config.max_requests or self.req_to_token_pool.available_size() <= 0:
             return OutOfMemory("requests", 1, 0)  # the row budget (pop_preallocated, `:1481`)
-        sampling = s.SamplingParams(temperature=0, max_new_tokens=MAX_NEW_TOKENS)
-        sampling.normalize(None)
-        req = s.Req(rid=rid, origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
+        req = self.new_req(rid, prompt)
         queue = pd_decode.prealloc_queue(self)
         with pd_decode.decode_radix_cache(), quiet():
             # pop_preallocated, the decode-radix branch (`:1498-1544`)
@@ -464,6 +464,20 @@ class SglangEngine(SglangCacheView):
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
         result = self.cache.evict(self.s.EvictParams(num_tokens=full_tokens, swa_num_tokens=swa_tokens))
         return result.num_tokens_evicted, result.swa_num_tokens_evicted
+
+    def match(self, prompt: list[int]) -> None:
+        """[LIFE-12] `SchedulePolicy._compute_prefix_matches` (LPM, DFS-weight) matching one
+        waiting request, as every release does each scheduling round: the whole prompt, no
+        admission limit, the hit adopted by the `Req` and nothing locked (0.5.23
+        managers/schedule_policy.py:352-356; 0.5.14 :260, match_prefix_for_req :85-120). The
+        `Req` is dropped after: it is still waiting."""
+        self.refuse_misuse(EngineOperation.MATCH, prompt=prompt)
+        req = self.new_req("waiting", prompt)
+        with quiet():
+            if self.s.match_waiting.__name__ == "match_kv_cache":
+                self.s.match_waiting(req, self.cache)
+            else:
+                self.s.match_waiting(self.cache, req)
 
     def flush(self) -> None:
         """[LIFE-11] `Scheduler.flush_cache` of an idle server, the same four calls in every

@@ -102,6 +102,9 @@ SYMBOLS = {
     "common": ("sglang.srt.mem_cache.common",),
     "checkpoint_kv_cache": ("sglang.srt.mem_cache.common:checkpoint_kv_cache",),
     "release_kv_cache": ("sglang.srt.mem_cache.common:release_kv_cache",),
+    # a waiting request's match: the cache-aware policies' (0.5.22 moved it from the policy)
+    "match_waiting": ("sglang.srt.mem_cache.common:match_kv_cache",
+                      "sglang.srt.managers.schedule_policy:match_prefix_for_req"),
     "ReqToTokenPool": ("sglang.srt.mem_cache.memory_pool:ReqToTokenPool",),
     "SWAKVPool": ("sglang.srt.mem_cache.swa_memory_pool:SWAKVPool",),
     "ComponentType": ("sglang.srt.mem_cache.unified_cache.component_type:ComponentType",

@@ -111,6 +111,9 @@ class Capability(Name):
                       "finish batches; without it every finish step is one request's", "a finish_batch step")
     FLUSH = ("flush", (Tier.ENGINE,), "the engine offers flush, dropping its whole prefix cache while idle (LIFE-11)",
              "cache flushes; without it no run flushes", "a flush step")
+    WAITING_MATCHES = ("waiting_matches", (Tier.ENGINE,),
+                       "the engine offers match, a waiting request's prompt matched without admitting it (LIFE-12)",
+                       "matches outside an admission; without them every match is an admission's", "a match step")
 
     def __new__(cls, value: str, tiers: tuple[Tier, ...], meaning: str, turns_on: str, needed_by: str,
                 refines: str | None = None):
@@ -127,7 +130,7 @@ class Capability(Name):
 
 
 OPTIONAL_OPERATIONS = {"prefill_batch": Capability.BATCHED_PREFILL, "finish_batch": Capability.BATCHED_FINISH,
-                       "flush": Capability.FLUSH}
+                       "flush": Capability.FLUSH, "match": Capability.WAITING_MATCHES}
 """Engine operations an adapter offers only with a capability: required then, else never called."""
 
 

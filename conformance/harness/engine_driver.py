@@ -7,15 +7,16 @@ translation. With large pools an engine that can show a partial snapshot is chec
 one between whole ones [OBS-4]. A step marked `refuse` is misuse the spec requires the engine to refuse
 with InvalidRequest and no change [LIFE-1]. `drain` finishes every decoding request,
 aborts every prefilling one, evicts the whole cache and requires every page free; a
-`flush` must end there too [LIFE-11].
+`flush` must end there too [LIFE-11], and a `match` may only split a node [LIFE-12].
 """
 
 from typing import Any
 
+from kvspec.spec.invariants.tree import match_violations
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.models import MemoryModel
 from kvspec.spec.outcomes import InvalidRequest, KvSpecError, Outcome, OutOfMemory
-from kvspec.spec.snapshot import EngineSnapshot, Step, pool_check_period
+from kvspec.spec.snapshot import EngineSnapshot, Step, TwoPoolSnapshot, pool_check_period
 
 from .checks import (
     Checks,
@@ -100,9 +101,15 @@ class EngineDriver:
             self.retracted.discard(args["rid"])
         outcome = Outcome.OUT_OF_MEMORY if failed else Outcome.OK
         batch = tuple(member["rid"] for member in args.get("chunks", args.get("finishes", ())))  # LIFE-9, LIFE-10
+        before = self.previous
         self.check(Step(EngineOperation(operation), args.get("rid"), outcome, batch=batch), whole=operation == "flush")
         if operation == "flush":  # [LIFE-11] what a drain ends in
+            self.tally.clauses.add("LIFE-11")
             self.require_drained("after flushing the cache:")
+        elif operation == "match" and isinstance(before, TwoPoolSnapshot):  # [LIFE-12] a split, nothing more
+            self.tally.clauses.add("LIFE-12")
+            if violations := match_violations(before, self.previous):
+                raise InvariantViolation.of(violations, "after a waiting request's match:")
         return outcome
 
     def forbidden(self, operation: str, args: dict[str, Any]) -> str | None:

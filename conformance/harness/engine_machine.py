@@ -17,7 +17,7 @@ admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
 `short_leaf_checkpoints` no prefill ends where its checkpoint leaves a short leaf, without
 `chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
 step is one request's, without `batched_finish` every finish step is, without `flush` no
-run flushes. With
+run flushes, without `waiting_matches` every match is an admission's. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -80,6 +80,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             self.prefilling: set[str] = set()
             self.decoding: set[str] = set()
             self.retracted: dict[str, int] = {}  # each retracted request's tokens
+            self.prompts: list[list[int]] = []  # every prompt admitted: what a waiting match often follows
             driver = EngineDriver(engine, model_for(model, self.config), self.observables, log=note)
             if shadow is not None:  # differential mode: the other adapter takes every step too
                 driver = DifferentialDriver(driver, EngineDriver(shadow.make_engine(self.config),
@@ -142,7 +143,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data())
         def admit(self, data):
             rid = self.new_rid()
-            if self.run("admit", rid=rid, prompt=self.prompt(data))["outcome"] == "ok":
+            prompt = self.prompt(data)
+            self.prompts.append(prompt)
+            if self.run("admit", rid=rid, prompt=prompt)["outcome"] == "ok":
                 self.prefilling.add(rid)
 
         @precondition(lambda self: self.running() < self.config.max_requests and P > 1
@@ -151,7 +154,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), first_output=ALPHABET)
         def pd_admit(self, data, first_output):
             rid = self.new_rid()
-            if self.run("pd_admit", rid=rid, prompt=self.prompt(data), first_output=first_output)["outcome"] == "ok":
+            prompt = self.prompt(data)
+            self.prompts.append(prompt)
+            if self.run("pd_admit", rid=rid, prompt=prompt, first_output=first_output)["outcome"] == "ok":
                 self.decoding.add(rid)
 
         @precondition(lambda self: self.prefilling)
@@ -244,6 +249,19 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
 
         if Capability.FLUSH in capabilities:  # as prefill_batch: a rule changes every run's draws
             flush = precondition(lambda self: self.next_id > 0)(rule()(flush))
+
+        def match(self, data):
+            """[LIFE-12] A waiting request's prompt matched by the scheduler before it admits
+            anyone: often an earlier prompt cut short and run on, so that the match follows a
+            cached path and ends inside one of its nodes, where the tree splits it."""
+            earlier = data.draw(st.sampled_from(self.prompts))
+            keep = data.draw(st.integers(1, len(earlier)))
+            prompt = earlier[:keep] + data.draw(st.lists(ALPHABET, max_size=2 * P)) \
+                if data.draw(st.booleans()) else self.prompt(data)
+            self.run("match", prompt=prompt)
+
+        if Capability.WAITING_MATCHES in capabilities:
+            match = precondition(lambda self: self.prompts)(rule(data=st.data())(match))
 
         @precondition(lambda self: self.retracted and self.running() < self.config.max_requests)
         @rule(data=st.data())

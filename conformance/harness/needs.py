@@ -64,6 +64,7 @@ def derived_needs(trace: Trace) -> tuple[Capability, ...]:
         Capability.BATCHED_PREFILL: "prefill_batch" in operations,
         Capability.BATCHED_FINISH: "finish_batch" in operations,
         Capability.FLUSH: "flush" in operations,
+        Capability.WAITING_MATCHES: "match" in operations,
     }
     return tuple(capability for capability in Capability if needed.get(capability))
 

@@ -6,7 +6,8 @@ Importing this package imports every module that registers one, in chapter order
   accounting.py  [I1-I6, I16]  the same accounting over a two-pool engine's holders
   cursors.py     [I7]      every request's cursors (any memory model)
   window.py      [I8-I10]  window liveness and bounds
-  tree.py        [I11-I14] locks, ledgers, tree structure, eviction
+  tree.py        [I11-I14] locks, ledgers, tree structure, eviction (and LIFE-12, a
+                 match's own check, which the driver applies after a match)
   atomicity.py   [I15]     a failed step changes nothing (any memory model)
   ../block_pool.py [BLOCK-1..8] one shared block pool (chapter 08)
   ../state.py    [STATE-1..9] recurrent state (chapter 09)

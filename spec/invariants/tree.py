@@ -1,4 +1,5 @@
-"""[I11-I14] The prefix tree: locks, ledgers, structure, and eviction of locked KV."""
+"""[I11-I14, LIFE-12] The prefix tree: locks, ledgers, structure, eviction of locked KV, and
+what a match outside an admission may change."""
 
 from collections import Counter
 
@@ -140,4 +141,34 @@ def eviction_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPo
             if lock_ref > 0 and lost:
                 found.append(Violation("I14", f"after {step.operation}: {kind}-locked node {node.node_id} lost {len(lost)} of its "
                                               f"(position, {kind} slot) pairs, the first {lost[0]}"))
+    return found
+
+
+
+def tree_tokens(snapshot: TwoPoolSnapshot) -> dict[int, tuple]:
+    """Each token the tree holds, by its full slot: (position, SWA slot or None, full lock
+    ref, SWA lock ref). A split keeps every token's entry: it moves tokens between nodes."""
+    return {full_slot: (position, None if node.swa_value is None else node.swa_value[position - node.start],
+                        node.full_lock_ref, node.swa_lock_ref)
+            for node in non_root_nodes(snapshot) for position, full_slot in slot_pairs(node, node.full_value)}
+
+
+def match_violations(previous: TwoPoolSnapshot, now: TwoPoolSnapshot) -> list[Violation]:
+    """[LIFE-12, TREE-1] What a waiting request's match changed beyond what it may: it
+    allocates and frees nothing (every pool's free count is what it was), and it may split
+    the node it ends in, nothing else: every token the tree held it still holds, at its
+    position, with its SWA slot and lock refs, and it holds no other. (Not a registered
+    invariant: it binds after a match step only, and the driver applies it there.)"""
+    found = [Violation("LIFE-12", f"a match changed the {kind} pool's free pages from {before.free_count} to "
+                                  f"{after.free_count}")
+             for kind, before, after in (("full", previous.allocator.full, now.allocator.full),
+                                         ("SWA", previous.allocator.swa, now.allocator.swa))
+             if before.free_count != after.free_count]
+    before, after = tree_tokens(previous), tree_tokens(now)
+    for full_slot in sorted(before.keys() | after.keys()):
+        if before.get(full_slot) != after.get(full_slot):
+            was, became = (f"(position, SWA slot, full lock ref, SWA lock ref) {entry}" if entry else "not in the tree"
+                           for entry in (before.get(full_slot), after.get(full_slot)))
+            found.append(Violation("LIFE-12", f"a match changed the tree's full slot {full_slot}: {was} before, "
+                                              f"{became} after"))
     return found

@@ -217,7 +217,8 @@ def capabilities(release: Release, tree: str) -> tuple[Capability, ...]:
     chunk = tree == CHUNK
     return (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.SWA_TAIL) \
         + (() if chunk else (Capability.PREFIX_SHARING,)) \
-        + (Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL, Capability.BATCHED_FINISH, Capability.FLUSH) \
+        + (Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL, Capability.BATCHED_FINISH, Capability.FLUSH,
+           Capability.WAITING_MATCHES) \
         + allocator_capabilities(release) \
         + (UNSTEERED_PD if release.release == "0.5.23" and not chunk else ()) \
         + ((Capability.SHORT_LEAF_CHECKPOINTS,) if release.release == "0.5.23" else ())

@@ -894,6 +894,8 @@ OPERATIONS = {
     "abort": "{rid} is aborted: its KV is released",
     "retract": "{rid} is retracted: its KV is released, and it waits to be admitted again",
     "evict": "evict up to {full_tokens} full and {swa_tokens} SWA tokens from the tree",
+    "match": "the scheduler matches a waiting request's prompt ({prompt_len} tokens) against the tree, "
+             "admitting no one (a cache-aware policy ordering its queue)",
     "flush": "the idle server flushes its cache (Scheduler.flush_cache): the tree is reset, the request "
              "and token pools cleared",
     "drain": "the end: every request is released (those decoding finish, the others are aborted), "
