@@ -136,7 +136,8 @@ class BlockPoolEngine:
 
     def refuse_misuse(self, operation: EngineOperation, **args) -> None:
         """[LIFE-1] Raise InvalidRequest, before anything changes, for a call the lifecycle forbids."""
-        running = {rid: RunningRequest(r.finished_prefill, len(r.tokens), r.computed) for rid, r in self.requests.items()}
+        running = {rid: RunningRequest(r.finished_prefill, len(r.tokens), r.computed, r.computed)
+                   for rid, r in self.requests.items()}
         if why := refusal(operation, args, running, self.waiting, self.config.size_full):
             raise InvalidRequest(why)
 

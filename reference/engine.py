@@ -114,7 +114,8 @@ class TwoPoolEngine:
 
     def refuse_misuse(self, operation: EngineOperation, **args) -> None:
         """[LIFE-1] Raise InvalidRequest, before anything changes, for a call the lifecycle forbids."""
-        running = {rid: RunningRequest(r.finished_prefill, len(r.tokens), r.kv_committed_len - r.cache_protected_len)
+        running = {rid: RunningRequest(r.finished_prefill, len(r.tokens), r.kv_committed_len - r.cache_protected_len,
+                                      r.kv_committed_len)
                    for rid, r in self.requests.items()}
         if why := refusal(operation, args, running, self.waiting, self.config.size_full):
             raise InvalidRequest(why)
@@ -235,10 +236,12 @@ class TwoPoolEngine:
         order inside one free group, as a scheduler processes a batch's results, then the
         others (a scheduler checkpoints a request still being chunked at its next round)."""
         self.refuse_misuse(EngineOperation.PREFILL_BATCH, chunks=chunks)
-        return self.prefill([(self.requests[c["rid"]], c["chunk"], c["token"]) for c in chunks])
+        return self.prefill([(self.requests[c["rid"]], c["chunk"], c["token"]) for c in chunks],
+                            finishing={c["rid"] for c in chunks if c.get("finish")})
 
-    def prefill(self, chunks: list[tuple[Request, int, int]]) -> OutOfMemory | None:
-        """Allocate every chunk's extend at once (LIFE-7 eviction first), compute, then checkpoint."""
+    def prefill(self, chunks: list[tuple[Request, int, int]], finishing: set[str] = frozenset()) -> OutOfMemory | None:
+        """Allocate every chunk's extend at once (LIFE-7 eviction first), compute, then checkpoint;
+        a request of `finishing` (its chunk completes its prompt) is released there instead."""
         extents = [(request, request.kv_committed_len, min(request.kv_committed_len + chunk_len, len(request.tokens)))
                    for request, chunk_len, _ in chunks]
         if self.tree is None and self.policy.chunk_release:  # no prefix cache: the scheduler evicts before each extend
@@ -258,18 +261,22 @@ class TwoPoolEngine:
             request.kv_allocated_len = request.kv_committed_len = end
             self.compute(request, start, end)
         completing = [(request, end) for request, _, end in extents if end == len(request.tokens)]
-        if self.tree is not None:
-            self.allocator.free_group_begin()
-            for request, end in completing:
+        next_tokens = {request: token for request, _, token in chunks}
+        self.allocator.free_group_begin()
+        for request, end in completing:
+            if request.rid in finishing:  # [LIFE-9] its first token ends it: released, not checkpointed
+                self.release(request, checkpoint=True, owned=end)
+            elif self.tree is not None:
                 self.checkpoint(request, end, finished=False)
-            self.allocator.free_group_end()
+        self.allocator.free_group_end()
+        if self.tree is not None:
             for request, _, end in extents:
                 if end < len(request.tokens):
                     self.checkpoint(request, end, finished=False)
-        next_tokens = {request: token for request, _, token in chunks}
         for request, _ in completing:
-            request.finished_prefill = True
-            request.tokens.append(next_tokens[request])
+            if request.rid not in finishing:
+                request.finished_prefill = True
+                request.tokens.append(next_tokens[request])
         return None
 
     def decode(self, rid: str, next_token: int = 0) -> OutOfMemory | None:

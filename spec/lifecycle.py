@@ -50,8 +50,10 @@ class EngineOperations(Protocol):
     def prefill_batch(self, chunks: Sequence[Mapping]) -> OutOfMemory | None:
         """[LIFE-9] One prefill chunk of each of several requests in one step: every chunk is
         allocated (all or none), then the chunks that complete their prompts are checkpointed
-        in order inside one free group, then the others. `chunks`: {"rid", "chunk", "token"}
-        each, as prefill_chunk takes them. Optional: an engine offers it with the capability
+        in order inside one free group (a chunk marked "finish" released there instead, its
+        first token ending its request), then the others. `chunks`: {"rid", "chunk", "token"}
+        each, as prefill_chunk takes them, and "finish": true on a chunk that completes its
+        prompt and ends its request. Optional: an engine offers it with the capability
         batched_prefill."""
 
     def decode(self, rid: str, token: int) -> OutOfMemory | None:
@@ -95,6 +97,9 @@ class RunningRequest:
     trimmable: int
     """The most tokens a finish may leave out of the cache: those the request owns (its
     own KV past the prefix it matched)."""
+    committed: Position
+    """Tokens whose KV is written (kv_committed_len): a batch's chunk that finishes its
+    request must reach seq_len from here."""
 
 
 def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, RunningRequest], retracted: Collection[str],
@@ -143,6 +148,9 @@ def refusal(operation: EngineOperation, args: Mapping, running: Mapping[str, Run
             return f"request {rid!r} has finished its prefill; run decode steps"
         if args["chunk"] < 1:
             return f"a prefill chunk needs chunk_len >= 1 (got {args['chunk']})"
+        if args.get("finish") and request.committed + args["chunk"] < request.seq_len:
+            return (f"request {rid!r}: a chunk that finishes its request must complete its prompt "
+                    f"({request.seq_len - request.committed} tokens left, the chunk has {args['chunk']})")
     elif operation == EngineOperation.DECODE:
         if not request.finished_prefill:
             return f"request {rid!r} is still in prefill; finish its prefill chunks first"

@@ -339,15 +339,15 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
     """[STATE-8] Eviction takes only unlocked checkpoints: a checkpoint whose node was
     state-locked before a step that released no request keeps its slot. In a prefill
     batch (LIFE-9) a request's checkpoint moves its lock before a later request's
-    checkpoint evicts, so a lock that a request of the batch moved off a node does not
-    protect that node's checkpoint in the step."""
+    checkpoint evicts, so a lock that a request of the batch moved off a node, or gave up
+    as the batch finished it, does not protect that node's checkpoint in the step."""
     if step.operation in RELEASES:
         return []
     locks = Counter(dict(previous.state.locks))
     if step.batch:
         node_after = {r.rid: r.last_node for r in now.requests if r.rid in step.batch}
         locks.subtract(r.last_node for r in previous.requests
-                       if r.rid in node_after and node_after[r.rid] != r.last_node)
+                       if r.rid in step.batch and node_after.get(r.rid) != r.last_node)
     after = dict(now.state.checkpoints)
     return [Violation("STATE-8", f"{step.operation} evicted the checkpoint of node {node_id} (slot "
                                  f"{value.slot}) while {locks[node_id]} requests lock it")
@@ -359,14 +359,17 @@ def locked_checkpoint_violations(previous: HybridStateSnapshot, step: Step,
 def released_state_violations(previous: HybridStateSnapshot, step: Step, now: HybridStateSnapshot) -> list[Violation]:
     """[STATE-9] A request that finishes, aborts or is retracted gives back every slot:
     each is free after, or (a finish only) a checkpoint of the tree. A finish batch (LIFE-10)
-    releases each of its requests so."""
-    if step.operation not in RELEASES:
+    releases each of its requests so, and a prefill batch (LIFE-9) each request it finishes."""
+    if step.operation in RELEASES:
+        released, finish = set(step.rids), step.operation in FINISHES
+    elif step.operation == EngineOperation.PREFILL_BATCH:
+        released, finish = set(step.batch) - {r.rid for r in now.requests}, True
+    else:
         return []
     free = set(now.state.free_slots)
-    finish = step.operation in FINISHES
     kept = {value.slot for _, value in now.state.checkpoints} if finish else set()
     found = []
-    for request in (r for r in previous.state.requests if r.rid in step.rids):
+    for request in (r for r in previous.state.requests if r.rid in released):
         found += [Violation("STATE-9", f"{step.operation} of request {request.rid} left its state slot {value.slot} "
                                        + ("neither free nor a checkpoint" if finish else "not free"))
                   for value in request.values if value.slot not in free | kept]

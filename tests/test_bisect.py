@@ -303,12 +303,14 @@ def test_the_table_bisects_each_trace_once_and_keeps_it_beside_the_shard(tmp_pat
     assert history.table([path], tmp_path / "out", bisect=True) == 0
 
 
-@pytest.mark.parametrize("vector", ["flush-forgets-the-cache", "waiting-match-splits-and-refreshes"])
-def test_a_cache_flush_and_a_waiting_match_hold_on_every_tree_of_their_releases(vector):
-    """[LIFE-11, LIFE-12] The vectors at each member's policy, on 0.5.14's unified and Python
-    trees, 0.5.18's Python tree, 0.5.19's Rust tree and 0.5.22's: each flush_cache ends with
-    every page free, each waiting match splits and touches and changes nothing else, and every
-    check holds (by invariants: the expected observables are the reference's at 0.5.23's policy)."""
+@pytest.mark.parametrize("vector", ["flush-forgets-the-cache", "waiting-match-splits-and-refreshes",
+                                    "prefill-batch-finishes"])
+def test_the_schedulers_flushes_waiting_matches_and_prefill_finishes_hold_on_every_tree_of_their_releases(vector):
+    """[LIFE-11, LIFE-12, LIFE-9] The vectors at each member's policy, on 0.5.14's unified and
+    Python trees, 0.5.18's Python tree, 0.5.19's Rust tree and 0.5.22's: each flush_cache ends
+    with every page free, each waiting match splits and touches and changes nothing else, each
+    request finished in its prefill batch is released there, and every check holds (by
+    invariants: the expected observables are the reference's at 0.5.23's policy)."""
     require_releases("0.5.14", "0.5.18", "0.5.19", "0.5.22")
     path = str(TREE / "tests" / f"{vector}.jsonl")
     members = {member.name: member for member in bisect.members_of(history.FAMILY)}

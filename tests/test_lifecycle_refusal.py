@@ -11,8 +11,8 @@ from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidRequest
 from kvspec.spec.snapshot import EngineConfig
 
-PREFILLING = RunningRequest(finished_prefill=False, seq_len=10, trimmable=4)
-DECODING = RunningRequest(finished_prefill=True, seq_len=12, trimmable=4)
+PREFILLING = RunningRequest(finished_prefill=False, seq_len=10, trimmable=4, committed=4)
+DECODING = RunningRequest(finished_prefill=True, seq_len=12, trimmable=4, committed=11)
 RUNNING = {"p": PREFILLING, "d": DECODING}
 SIZE_FULL = 64
 
@@ -39,6 +39,10 @@ MISUSE = [  # (operation, args, words of the refusal)
     (EngineOperation.ABORT, {"rid": "x"}, "unknown request"),
     (EngineOperation.RETRACT, {"rid": "x"}, "unknown request"),
     (EngineOperation.EVICT, {"full_tokens": -1, "swa_tokens": 0}, "non-negative"),
+    (EngineOperation.FLUSH, {}, "flush while requests are running (d, p)"),
+    (EngineOperation.MATCH, {"prompt": []}, "a match needs a prompt of at least one token"),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "p", "chunk": 5, "token": 0, "finish": True}]},
+     "a chunk that finishes its request must complete its prompt (6 tokens left, the chunk has 5)"),
 ]
 ALLOWED = [
     (EngineOperation.ADMIT, {"rid": "x", "prompt": [1, 2]}),
@@ -51,6 +55,8 @@ ALLOWED = [
     (EngineOperation.ABORT, {"rid": "p"}),
     (EngineOperation.RETRACT, {"rid": "d"}),
     (EngineOperation.EVICT, {"full_tokens": 0, "swa_tokens": 0}),
+    (EngineOperation.MATCH, {"prompt": [1]}),
+    (EngineOperation.PREFILL_BATCH, {"chunks": [{"rid": "p", "chunk": 6, "token": 0, "finish": True}]}),
 ]
 
 
@@ -66,7 +72,7 @@ def test_what_the_lifecycle_allows_is_never_refused(operation, args):
 
 
 def test_a_decode_that_would_outgrow_the_pool_is_refused():
-    full = {"d": RunningRequest(finished_prefill=True, seq_len=SIZE_FULL, trimmable=0)}
+    full = {"d": RunningRequest(finished_prefill=True, seq_len=SIZE_FULL, trimmable=0, committed=SIZE_FULL - 1)}
     assert "outgrow the full pool" in refusal(EngineOperation.DECODE, {"rid": "d", "token": 0}, full, (), SIZE_FULL)
 
 
@@ -78,7 +84,7 @@ def test_the_reference_refuses_with_the_specs_words():
     before = engine.snapshot()
     with pytest.raises(InvalidRequest) as raised:
         engine.decode("r", 0)  # still in prefill
-    running = {"r": RunningRequest(False, 5, 0)}
+    running = {"r": RunningRequest(False, 5, 0, 0)}
     assert str(raised.value) == refusal(EngineOperation.DECODE, {"rid": "r"}, running, (), 64)
     assert engine.snapshot() == before
 

@@ -131,3 +131,54 @@ def test_an_empty_batch_is_a_malformed_trace():
     step["args"]["chunks"] = []
     with pytest.raises(TraceError, match="chunks"):
         parse("\n".join(lines[:-1] + [json.dumps(step)]) + "\n")
+
+
+def finishing_batch(engine_class):
+    """a (28 tokens) ends with its first token, in the batch that completes b (its first 22)."""
+    engine = engine_class(config())
+    engine.admit("a", [0] * 28)
+    engine.admit("b", [0] * 22)
+    before = engine.snapshot()
+    chunks = batch(("a", 28), ("b", 22))
+    chunks[0]["finish"] = True
+    assert engine.prefill_batch(chunks) is None
+    return engine, before
+
+
+def test_a_request_the_batch_finishes_is_released_in_its_place_and_keeps_its_window_in_the_cache():
+    """[LIFE-9] a is released in the group, as a finish releases it, then b checkpoints; a's
+    28 tokens go into the cache without a checkpoint's window eviction first: all their SWA
+    KV stays live there (7 pages), where a checkpoint then a finish leaves 3 (the window)."""
+    engine, before = finishing_batch(TwoPoolEngine)
+    after = engine.snapshot()
+    assert engine_violations(before, Step("prefill_batch", None, Outcome.OK, batch=("a", "b")), after) == []
+    assert [(r.rid, r.cache_protected_len) for r in after.requests] == [("b", 20)]
+    engine.admit("c", [0] * 29)
+    assert {r.rid: r.cache_protected_len for r in engine.snapshot().requests}["c"] == 28
+    free_swa = []
+    for finish in (True, False):
+        alone = TwoPoolEngine(config())
+        alone.admit("a", [0] * 28)
+        alone.prefill_batch([{"rid": "a", "chunk": 28, "token": 0, "finish": finish}])
+        if not finish:
+            alone.finish("a", 0)
+        free_swa.append(alone.snapshot().allocator.swa.free_count)
+    assert free_swa == [16 - 7, 16 - 3]
+
+
+class FinishForgetsItsKV(TwoPoolEngine):
+    """Seeded: a request the batch finishes is dropped from the running set, its KV neither
+    cached nor freed."""
+
+    def release(self, request, checkpoint, owned):
+        if request.kv_committed_len == len(request.tokens) and not request.finished_prefill:
+            self.tree.unlock(request.lock) if request.lock is not None else None
+            self.drop(request)  # BUG: its pages stay allocated, held by no one
+            return
+        super().release(request, checkpoint, owned)
+
+
+def test_a_batch_that_drops_a_finished_request_without_releasing_its_kv_leaks():
+    engine, before = finishing_batch(FinishForgetsItsKV)
+    found = engine_violations(before, Step("prefill_batch", None, Outcome.OK, batch=("a", "b")), engine.snapshot())
+    assert {"I2", "I3"} <= {v.clause for v in found}, found

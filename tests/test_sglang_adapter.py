@@ -116,12 +116,12 @@ def test_a_branch_insert_over_live_and_recovered_nodes_keeps_i9(adapter):
 
 @pytest.mark.parametrize("adapter", ["sglang-python", "sglang"])
 @pytest.mark.parametrize("vector", ["finish-batch-shared-path", "flush-forgets-the-cache",
-                                    "waiting-match-splits-and-refreshes"])
+                                    "waiting-match-splits-and-refreshes", "prefill-batch-finishes"])
 def test_the_schedulers_batch_finishes_flushes_and_waiting_matches_replay_with_the_references_observables(adapter, vector):
-    """[LIFE-10, LIFE-11, LIFE-12] process_batch_result_decode's one free group around a batch's
-    finishes, Scheduler.flush_cache of an idle server, and a cache-aware policy's match of
-    waiting requests (a split, and the recency an eviction then reads): both trees show what
-    the reference does at every step."""
+    """[LIFE-10, LIFE-11, LIFE-12, LIFE-9] process_batch_result_decode's one free group around a
+    batch's finishes, Scheduler.flush_cache of an idle server, a cache-aware policy's match of
+    waiting requests (a split, and the recency an eviction then reads), and a request released
+    in its own prefill batch: both trees show what the reference does at every step."""
     trace = load(Path(__file__).parents[1] / "vectors" / "tests" / f"{vector}.jsonl")
     result = replay(trace, load_adapter(adapter))
     assert result.conforms, result.verdict()

@@ -157,7 +157,8 @@ class SglangEngine(SglangCacheView):
         for rid, req in self.requests.items():
             kv = self.kv(req)
             running[rid] = RunningRequest(rid in self.finished_prefill, req.seqlen,
-                                          min(kv.committed - len(req.origin_input_ids), kv.committed - kv.protected))
+                                          min(kv.committed - len(req.origin_input_ids), kv.committed - kv.protected),
+                                          kv.committed)
         if why := refusal(operation, args, running, self.retracted, self.config.size_full):
             raise InvalidRequest(why)
 
@@ -349,11 +350,15 @@ class SglangEngine(SglangCacheView):
         whole batch, the forward, then process_batch_result_prefill, which checkpoints the
         requests whose prompts the batch completes inside one free group (from 0.5.18:
         groups_prefill_results); a request still being chunked is checkpointed at the next
-        round (get_new_batch_prefill), outside it."""
+        round (get_new_batch_prefill), outside it. A request whose first sampled token ends it
+        (`finish`) is released there instead of checkpointed: `release_kv_cache` of a request
+        `req.finished()` in the same loop (0.5.23 batch_result_processor.py:378-392; 0.5.14
+        :239, `release_kv_cache(req, tree_cache)` beside `maybe_cache_unfinished_req`)."""
         self.refuse_misuse(EngineOperation.PREFILL_BATCH, chunks=chunks)
-        return self.prefill([(chunk["rid"], chunk["chunk"], chunk["token"]) for chunk in chunks])
+        return self.prefill([(chunk["rid"], chunk["chunk"], chunk["token"]) for chunk in chunks],
+                            finishing={chunk["rid"] for chunk in chunks if chunk.get("finish")})
 
-    def prefill(self, chunks: list[tuple[str, int, int]]) -> OutOfMemory | None:
+    def prefill(self, chunks: list[tuple[str, int, int]], finishing: set[str] = frozenset()) -> OutOfMemory | None:
         s = self.s
         reqs = [self.requests[rid] for rid, _, _ in chunks]
         extents = [self.start_extend(req, chunk_len) for req, (_, chunk_len, _) in zip(reqs, chunks)]
@@ -382,6 +387,10 @@ class SglangEngine(SglangCacheView):
         if group:
             self.allocator.free_group_begin()
         for rid, req, token in completing:
+            if rid in finishing:  # sampled, and req.finished() after update_finish_state: released in the loop
+                req.output_ids.append(token)
+                self.finished(rid, 0)
+                continue
             self.checkpoint(req)
             self.finished_prefill.add(rid)
             req.output_ids.append(token)

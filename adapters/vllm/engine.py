@@ -109,7 +109,8 @@ class VllmEngine(KVCacheManagerView):
 
     def refuse_misuse(self, operation: EngineOperation, **args) -> None:
         """[LIFE-1] Raise InvalidRequest, before vLLM is called, for a call the lifecycle forbids."""
-        running = {rid: RunningRequest(rid in self.finished_prefill, req.num_tokens, req.num_computed_tokens)
+        running = {rid: RunningRequest(rid in self.finished_prefill, req.num_tokens, req.num_computed_tokens,
+                                       req.num_computed_tokens)
                    for rid, req in self.requests.items()}
         if why := refusal(operation, args, running, self.retracted, self.config.size_full):
             raise InvalidRequest(why)

@@ -118,7 +118,8 @@ class EngineDriver:
         it forbids is no violation, but a step the trace (or an earlier divergence) got
         wrong. What a request may trim is its own KV: past its cached prefix."""
         try:
-            running = {r.rid: RunningRequest(r.finished_prefill, r.seq_len, r.kv_committed_len - r.cache_protected_len)
+            running = {r.rid: RunningRequest(r.finished_prefill, r.seq_len, r.kv_committed_len - r.cache_protected_len,
+                                              r.kv_committed_len)
                        for r in self.previous.requests}
             return refusal(operation, args, running, self.retracted, self.previous.config.size_full)
         except (TypeError, AttributeError, ValueError):  # a snapshot it cannot read: the refusal is the engine's

@@ -175,16 +175,27 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
 
         def prefill_batch(self, data):
             """One chunk of each of several prefilling requests in one step (LIFE-9), often each
-            to the end of its prompt: requests sharing a prefix then checkpoint in one free group."""
+            to the end of its prompt: requests sharing a prefix then checkpoint in one free group,
+            and a request whose chunk completes its prompt may end there (its first token a stop),
+            released in the group among the others' checkpoints."""
             rids = data.draw(st.lists(st.sampled_from(sorted(self.prefilling)), min_size=2, unique=True))
             whole = longest_prompt + 3 * W
             chunked = Capability.CHUNKED_PREFILL in capabilities
             sizes = st.just(whole) | st.integers(1, 2 * W + 2 * P) if chunked else st.just(whole)
-            chunks = [{"rid": rid, "chunk": self.steered_chunk(rid, data.draw(sizes)), "token": data.draw(ALPHABET)}
-                      for rid in rids]
+            chunks = []
+            for rid in rids:
+                chunk = {"rid": rid, "chunk": self.steered_chunk(rid, data.draw(sizes)), "token": data.draw(ALPHABET)}
+                view = next((r for r in self.driver.previous.requests if r.rid == rid), None)
+                if view is not None and view.kv_committed_len + chunk["chunk"] >= view.seq_len \
+                        and data.draw(st.booleans()):
+                    chunk["finish"] = True
+                chunks.append(chunk)
             if self.run("prefill_batch", chunks=chunks)["outcome"] == "ok":
-                for rid in rids:
-                    if self.view(rid).finished_prefill:
+                for chunk in chunks:
+                    rid = chunk["rid"]
+                    if chunk.get("finish"):
+                        self.prefilling.remove(rid)
+                    elif self.view(rid).finished_prefill:
                         self.prefilling.remove(rid)
                         self.decoding.add(rid)
 

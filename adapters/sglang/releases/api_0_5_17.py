@@ -44,8 +44,8 @@ class Engine_0_5_17(Engine_0_5_19):
     def extended(self, req, extend_end: int) -> None:
         req.kv_committed_len = extend_end
 
-    def prefill(self, chunks):
-        outcome = super().prefill(chunks)
+    def prefill(self, chunks, finishing=frozenset()):
+        outcome = super().prefill(chunks, finishing)
         if outcome is None:  # one batch, however many requests it extends
             self.batches_run += 1
         return outcome

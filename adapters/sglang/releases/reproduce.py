@@ -886,7 +886,7 @@ OPERATIONS = {
     "prefill_chunk": "extend {rid} by its prompt's next chunk (at most {chunk} tokens), then checkpoint it into "
                      "the tree",
     "prefill_batch": "one extend batch (at most {chunks}); the requests whose prompts it completes are "
-                     "checkpointed into the tree",
+                     "checkpointed into the tree, or released if their first token ends them",
     "decode": "one decode step of {rid}",
     "finish": "{rid} finishes{stop}; its KV goes into the tree",
     "finish_batch": "one decode batch's results: {finishes} finish, each one's KV going into the tree, "
@@ -905,7 +905,9 @@ OPERATIONS = {
 
 def describe(number: int, op: str, args: dict) -> str:
     words = dict(args, prompt_len=len(args.get("prompt") or ()),
-                 chunks=", ".join(f"{chunk['rid']}: {chunk['chunk']} tokens" for chunk in args.get("chunks", ())),
+                 chunks=", ".join(f"{chunk['rid']}: {chunk['chunk']} tokens" + (", its first token ending it"
+                                                                                  if chunk.get("finish") else "")
+                                  for chunk in args.get("chunks", ())),
                  finishes=", ".join(finish["rid"] + (f" (at a stop {finish['trim']} tokens back)" if finish["trim"] else "")
                                     for finish in args.get("finishes", ())),
                  stop=f" at a stop {args['trim']} tokens back" if args.get("trim") else "")
