@@ -279,13 +279,17 @@ class RELEASE_DEAD_RANGE_AS_FULL(SglangMutant, slug="release-dead-range-as-full"
     counterexample at seed 0). Where the SWA pool is free enough for those extra entries
     to overfill it, SGLang's own check that its free list is no longer than the pool
     (SWATokenToKVPoolAllocator._free_swa_pages) fires inside the release instead, a crash;
-    kvspec check shrinks to that (a lone request, an abort after decode eviction)."""
+    kvspec check shrinks to that (a lone request, an abort after decode eviction). That check
+    is a bare `assert` (0.5.23 mem_cache/allocator/swa.py:553, 607), with no message to declare
+    as the crash's: at P=4 W=6 I=4 the seed-0 search meets it first since the engine machine
+    also draws flushes, waiting matches and finishes in a prefill batch, so the bug is exposed
+    at P=4 W=7 I=1, where the padding page in the free list comes first (I1)."""
 
     patch = Patch(COMMON, "free_kv_row_segments",
                   "        allocator.free_full_segments(swa_dead)\n",
                   "        allocator.free_segments(swa_dead)\n")
     clause, invariant_class = "I1", "leak"
-    exposed_by = Run(page_size=4, window=6, interval=4)
+    exposed_by = Run(page_size=4, window=7, interval=1)
     reverts = ("the dead/alive split of free_kv_row_segments (dead range full-side only); bug class 4, a free "
                "of page 0 through the padding mapping")
 

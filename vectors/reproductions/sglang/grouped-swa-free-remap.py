@@ -272,7 +272,7 @@ b.skip_lock_node_ids = {}
 check("after step 2 (admit)", [a, b])
 
 # step 3: one extend batch (at most a: 28 tokens, b: 22 tokens); the requests whose prompts it completes are
-# checkpointed into the tree
+# checkpointed into the tree, or released if their first token ends them
 a._refresh_fill_ids()
 a.set_extend_range(0, 28)
 b._refresh_fill_ids()
