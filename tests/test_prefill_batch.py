@@ -182,3 +182,27 @@ def test_a_batch_that_drops_a_finished_request_without_releasing_its_kv_leaks():
     engine, before = finishing_batch(FinishForgetsItsKV)
     found = engine_violations(before, Step("prefill_batch", None, Outcome.OK, batch=("a", "b")), engine.snapshot())
     assert {"I2", "I3"} <= {v.clause for v in found}, found
+
+
+def test_a_node_only_a_finished_request_locked_may_be_revived_later_in_the_batch():
+    """[I14, LIFE-9] a's prefill left [0, 4) a tombstone its lock holds; b (matched nothing,
+    sharing that first page) chunks in the batch that finishes a. a's release gives its lock
+    back, then b's checkpoint revives the tombstone with b's own slots and frees a's (TREE-3):
+    no locked KV was freed. The same change with a still running (its lock held) is I14's."""
+    a = [0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 1, 0, 2, 0, 1, 2, 2, 2, 1, 1, 0, 1, 1, 2, 2]
+    b = [0, 0, 0, 0, 0, 2, 0, 2, 0, 2, 2, 0, 0, 0, 1, 0, 2, 0, 1, 1]
+    engine = TwoPoolEngine(config(size_full=128))
+    engine.admit("a", a)
+    engine.admit("b", b)
+    engine.prefill_chunk("a", 13, 0)
+    engine.prefill_chunk("a", 12, 0)
+    before = engine.snapshot()
+    engine.prefill_batch([{"rid": "b", "chunk": 7, "token": 0}, {"rid": "a", "chunk": 1, "token": 1, "finish": True}])
+    after = engine.snapshot()
+    head = lambda snapshot: next(n for n in snapshot.nodes if n.parent is not None and n.start == 0)  # noqa: E731
+    assert head(before).swa_value is None and head(after).full_value != head(before).full_value  # revived anew
+    step = Step("prefill_batch", None, Outcome.OK, batch=("b", "a"))
+    assert engine_violations(before, step, after) == []
+    still_running = replace(after, requests=after.requests + tuple(r for r in before.requests if r.rid == "a"))
+    found = [v for v in engine_violations(before, step, still_running) if v.clause == "I14"]
+    assert found and "full-locked node" in found[0].message

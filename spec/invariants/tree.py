@@ -123,22 +123,44 @@ def tree_structure_violations(now: TwoPoolSnapshot) -> list[Violation]:
     return found
 
 
+def request_locks(snapshot: TwoPoolSnapshot, requests) -> dict[str, Counter]:
+    """[TREE-4] The lock refs these requests hold, per node id: full on every node of a
+    request's path, SWA on the nodes from its last node up until min(W, depth) tokens are
+    covered (I11's rule)."""
+    nodes, window = node_index(snapshot), snapshot.config.window
+    held = {"full": Counter(), "SWA": Counter()}
+    for r in requests:
+        path = path_to(nodes, r.last_node) if r.last_node in nodes else []
+        held["full"].update(node.node_id for node in path)
+        covered, depth = 0, nodes[r.last_node].end if path else 0
+        for node in reversed(path):
+            if covered >= min(window, depth):
+                break
+            held["SWA"][node.node_id] += 1
+            covered += len(node.key)
+    return held
+
+
 @invariant("I14", "locks", reads={"tree"})
 def eviction_violations(previous: TwoPoolSnapshot, step: Step | None, now: TwoPoolSnapshot) -> list[Violation]:
     """[I14, TREE-5] After an evict, prefill_chunk, prefill_batch, decode, admit or pd_admit step, every
     (position, full slot) of a node full-locked before is still one of some node, and
     every (position, SWA slot) of a live node SWA-locked before is still one of a live
-    node: eviction never frees locked KV."""
+    node: eviction never frees locked KV. A request that a prefill batch finishes (LIFE-9)
+    gives its locks back inside the step, before the batch's later checkpoints, which may
+    then revive a node it alone locked (TREE-3): its locks protect nothing in that step."""
     if step is None or step.operation not in EVICTING_OPERATIONS:
         return []
     full_now = {pair for node in non_root_nodes(now) for pair in slot_pairs(node, node.full_value)}
     swa_now = {pair for node in non_root_nodes(now) if node.swa_value is not None for pair in slot_pairs(node, node.swa_value)}
+    finished = {r.rid for r in now.requests}
+    given_back = request_locks(previous, [r for r in previous.requests if r.rid in step.batch and r.rid not in finished])
     found = []
     for node in non_root_nodes(previous):
         for kind, lock_ref, value, survivors in (("full", node.full_lock_ref, node.full_value, full_now),
                                                   ("SWA", node.swa_lock_ref, node.swa_value, swa_now)):
             lost = [pair for pair in slot_pairs(node, value or ()) if pair not in survivors]
-            if lock_ref > 0 and lost:
+            if lock_ref - given_back[kind][node.node_id] > 0 and lost:
                 found.append(Violation("I14", f"after {step.operation}: {kind}-locked node {node.node_id} lost {len(lost)} of its "
                                               f"(position, {kind} slot) pairs, the first {lost[0]}"))
     return found
