@@ -206,3 +206,21 @@ def test_a_node_only_a_finished_request_locked_may_be_revived_later_in_the_batch
     still_running = replace(after, requests=after.requests + tuple(r for r in before.requests if r.rid == "a"))
     found = [v for v in engine_violations(before, step, still_running) if v.clause == "I14"]
     assert found and "full-locked node" in found[0].message
+
+
+def test_a_request_the_batch_finished_may_be_admitted_again_under_its_id():
+    """The trace alone shows a finish chunk's request gone (replay.unknown_request): admitted
+    again, it is no request still running, as after a finish."""
+    from kvspec.conformance.harness.replay import unknown_request
+    from kvspec.conformance.harness.trace import Trace, TraceStep
+
+    header = {"page_size": 4, "window": 8, "size_full": 256, "size_swa": 64, "max_requests": 4,
+              "policy": {"version": "sglang-0.5.23", "decode_eviction_interval": 1}}
+    steps = (TraceStep("admit", {"rid": "a", "prompt": [0] * 9}, expect={"outcome": "ok"}),
+             TraceStep("admit", {"rid": "b", "prompt": [1] * 9}, expect={"outcome": "ok"}),
+             TraceStep("prefill_batch", {"chunks": [{"rid": "a", "chunk": 9, "token": 0, "finish": True},
+                                                    {"rid": "b", "chunk": 9, "token": 0}]}, expect={"outcome": "ok"}),
+             TraceStep("admit", {"rid": "a", "prompt": [0] * 9}), TraceStep("admit", {"rid": "b", "prompt": [0] * 9}))
+    trace = Trace("engine", header, "x", steps)
+    assert unknown_request(trace, 3) is None
+    assert "already running" in unknown_request(trace, 4)

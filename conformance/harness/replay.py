@@ -203,6 +203,8 @@ def unknown_request(trace: Trace, index: int) -> str | None:
             running.discard(earlier.args["rid"])
         elif earlier.op == "finish_batch":
             running.difference_update(finish["rid"] for finish in earlier.args["finishes"])
+        elif earlier.op == "prefill_batch" and (earlier.expect is None or earlier.expect.get("outcome") == "ok"):
+            running.difference_update(chunk["rid"] for chunk in earlier.args["chunks"] if chunk.get("finish"))
         elif earlier.op == "drain":
             running.clear()
     if step.op == "submit" and rid in admitted:
