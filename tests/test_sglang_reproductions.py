@@ -30,6 +30,7 @@ REPRODUCTIONS = {
     "grouped-swa-free-remap.py": ("0.5.18", "0.5.19", "check_tree_is_allocated"),
     "decode-eviction-phase.py": ("0.5.17", "0.5.18", "check_window_bound"),
     "decode-eviction-phase-margin.py": ("0.5.14", "0.5.15", "check_window_bound"),
+    "decode-eviction-phase-chunk.py": ("0.5.17", "0.5.18", "check_window_bound"),  # the chunk cache
     "revive-frees-locked-full.py": ("0.5.14", "0.5.15", "check_rows_are_allocated"),
     "checkpoint-short-rematch.py": ("0.5.22", "0.5.23", "check_one_owner"),
     "checkpoint-short-rematch-finish.py": ("0.5.22", "0.5.23", "check_drained"),

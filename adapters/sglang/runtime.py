@@ -111,12 +111,13 @@ SYMBOLS = {
                       "sglang.srt.mem_cache.unified_cache_components:ComponentType"),
     "UnifiedRadixCache": ("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache",),
     "SWARadixCache": ("sglang.srt.mem_cache.swa_radix_cache:SWARadixCache",),
+    "SWAChunkCache": ("sglang.srt.mem_cache.chunk_cache:SWAChunkCache",),
     "ForwardMode": ("sglang.srt.model_executor.forward_batch_info:ForwardMode",),
     "SamplingParams": ("sglang.srt.sampling.sampling_params:SamplingParams",),
     "ServerArgs": ("sglang.srt.server_args:ServerArgs",),
 }
 """What the adapters drive. A name a release does not have is None there (the release
-adapters know which generation has what; 0.5.23 has all but SWARadixCache)."""
+adapters know which generation has what; 0.5.23 has all but SWARadixCache and SWAChunkCache)."""
 
 
 def locate(candidates: tuple[str, ...]):

@@ -47,8 +47,7 @@ class SwaChunkCacheEngine:
 
     def make_cache(self):
         add_free_page_census(self.allocator)  # what the view reads of each pool, before 0.5.20
-        from sglang.srt.mem_cache.chunk_cache import SWAChunkCache
-        return SWAChunkCache(self.s.CacheInitParams(
+        return self.s.SWAChunkCache(self.s.CacheInitParams(
             disable=True, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
             page_size=self.P, sliding_window_size=self.config.window))
 

@@ -94,7 +94,9 @@ def docstring(recording: Recording, trace_path: Path, out: Path) -> str:
     knobs = ", ".join(f"{name}={value}" for name, value in recording.environment.items() if value is not None)
     tree = {"legacy": "the legacy SWARadixCache", "unified": "UnifiedRadixCache with its Python tree core",
             "rust": "UnifiedRadixCache with its Rust tree core, which offers no walk of its nodes (what needs "
-                    "one is not checked)"}[recording.tree]
+                    "one is not checked)",
+            "chunk": "the radix cache disabled (--disable-radix-cache): no prefix is shared, and nothing is "
+                     "cached"}[recording.tree]
     raised = "" if recording.crashed is None else (
         f" Replayed there without the checks, SGLang raised an AssertionError of its own in step "
         f"{recording.crashed}: the file ends with that call.")

@@ -181,7 +181,7 @@ def applies(check: Check, trace: Trace, tree: str) -> bool:
         return False
     if check.when == "drain":
         return True  # a drain always ends in every page free, once (engine_driver.drain)
-    return bool(set(check.clauses) & set(trace.violates)) and (tree != "rust" or "tree_nodes" not in check.uses)
+    return bool(set(check.clauses) & set(trace.violates)) and (tree not in ("rust", "chunk") or "tree_nodes" not in check.uses)
 
 
 def record(trace: Trace, member: str) -> Recording:
@@ -193,16 +193,14 @@ def record(trace: Trace, member: str) -> Recording:
         raise ReproductionError(f"{member!r} is no member of the sglang@ family (catalog.py): e.g. sglang@0.5.18")
     if trace.tier != "engine":
         raise ReproductionError(f"a reproduction is written from an engine-tier trace; this one is {trace.tier}-tier")
-    if MEMBERS.members[slug].tree == "chunk":
-        raise ReproductionError(f"{member} drives the chunk cache, which this command does not write yet: "
-                                f"name a member of a prefix tree (e.g. sglang@0.5.18)")
     adapter = MEMBERS[slug]  # makes its release this process's SGLang
     engine, recorder = build(adapter, trace)
     base = type(engine).__mro__[1]
     environment = {name: os.environ.get(name) for name in ("SGLANG_SWA_EVICTION_INTERVAL", *base.ENVIRONMENT)}
     config = engine.config
     cache = engine.cache._target
-    tree = ("legacy" if type(cache).__name__ == "SWARadixCache" else
+    tree = ("chunk" if adapter.tree == "chunk" else  # no prefix tree: the file reads no node
+            "legacy" if type(cache).__name__ == "SWARadixCache" else
             "rust" if type(getattr(cache, "tree_core", None)).__module__.endswith("rust_tree_core.adapter") else
             "unified")
     tree_root = "tree_cache.tree_core.root_node" if hasattr(cache, "tree_core") else "tree_cache.root_node"
