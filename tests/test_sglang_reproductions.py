@@ -77,11 +77,12 @@ def test_every_committed_reproduction_is_listed_and_every_check_catches_a_real_b
 def test_what_the_command_cannot_write_is_exit_2_with_the_reason(tmp_path):
     vector = ROOT / "vectors" / "regressions" / "sglang" / "grouped-swa-free-remap.jsonl"
     allocator_trace = next((ROOT / "vectors" / "conformance" / "allocator").rglob("*.jsonl"))
+    state_trace = ROOT / "vectors" / "conformance" / "engine" / "two-pool-state" / "sglang-0.5.23" / "state-P1-W3-I4-G1-2.jsonl"
     nowhere = {**os.environ, "KVSPEC_SGLANG_RELEASES": str(tmp_path)}
     for trace, member, says, env in (
             (vector, "sglang@0.5.99", "no member of the sglang@ family", os.environ),
             (allocator_trace, "sglang@0.5.18", "engine-tier trace; this one is allocator-tier", os.environ),
-            (vector, "sglang@0.5.18-chunk", "drives the chunk cache, which this command does not write", os.environ),
+            (state_trace, "sglang@0.5.23", "a trace with recurrent state is not written as a reproduction", os.environ),
             (tmp_path / "missing.jsonl", "sglang@0.5.18", "missing.jsonl", os.environ),
             (vector, "sglang@0.5.18", "SGLang 0.5.18 is not installed", nowhere)):
         done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", str(trace),
