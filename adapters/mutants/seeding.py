@@ -114,6 +114,10 @@ class Mutant:
     """For invariant_class CRASH: the text the crash must show. For another class: the text
     of a crash that is the same bug's other manifestation (where a pool is short, say, the
     step fails before any invariant looks), which also counts as caught; empty if none."""
+    also: tuple[str, ...] = ()
+    """Other clauses the same bug breaks first on some searches of its run (its docstring
+    says how each follows from the bug): a failure of one of them also counts as caught for
+    its clause. The zoo still requires the class of `clause`."""
 
     def __init_subclass__(cls, slug: str, engine: type[TwoPoolEngine] | None = None,
                           allocator: type[HybridAllocator] | None = None, scheduler: type | None = None, **kwargs):

@@ -138,10 +138,14 @@ class WINDOW_RELEASE_FREES_STATE(Mutant, slug="window-release-frees-state",
                                  engine=engine_with_state_component(ReleaseHookFreesState)):
     """The release hook of the state component frees the request's working state once
     the request is longer than the window, as SWA's frees what slid out (STATE-7): the
-    state of a running request is free while it still runs on it."""
+    state of a running request is free while it still runs on it. At grid 1 the seed-0
+    search, since the machine draws flushes, waiting matches and finishes in a prefill batch,
+    first meets the freed slot taken again by a checkpoint (two holders, STATE-2, and a state
+    of 0 tokens, STATE-3/4) in a step where the request no longer runs; at grid 4 STATE-7 is
+    met with it."""
 
     clause, invariant_class = "STATE-7", "ownership"
-    exposed_by = GRID_1
+    exposed_by = GRID_4
     reverts = ("the component hook free_out_of_window_slots is a no-op for every component but SWA "
                "(SGLang 0.5.23 unified_cache/components/base.py)")
 
