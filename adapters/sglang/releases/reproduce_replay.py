@@ -193,6 +193,8 @@ def record(trace: Trace, member: str) -> Recording:
         raise ReproductionError(f"{member!r} is no member of the sglang@ family (catalog.py): e.g. sglang@0.5.18")
     if trace.tier != "engine":
         raise ReproductionError(f"a reproduction is written from an engine-tier trace; this one is {trace.tier}-tier")
+    if trace.engine_config().state_slots:
+        raise ReproductionError("a trace with recurrent state is not written as a reproduction (yet)")
     adapter = MEMBERS[slug]  # makes its release this process's SGLang
     engine, recorder = build(adapter, trace)
     base = type(engine).__mro__[1]
@@ -252,8 +254,6 @@ def build(adapter, trace: Trace):
     from . import catalog
     from .api_0_5_21 import use_cpu_kernels
     config = trace.engine_config()
-    if config.state_slots:
-        raise ReproductionError("a trace with recurrent state is not written as a reproduction (yet)")
     config = replace(config, policy=replace(config.policy, version=adapter.policy_version))
     base = catalog.engine_class(Release(adapter.release), adapter.tree)  # its shim first: it may register what runs before import
     s = runtime.sglang()
