@@ -156,11 +156,9 @@ class SglangEngine(SglangCacheView):
         running = {}
         for rid, req in self.requests.items():
             kv = self.kv(req)
-            # before its first extend a request's KV is the prefix it matched (view.py, request_view)
-            committed = kv.committed if kv.holds_kv else len(self.matched_prefix(req))
             running[rid] = RunningRequest(rid in self.finished_prefill, req.seqlen,
                                           min(kv.committed - len(req.origin_input_ids), kv.committed - kv.protected),
-                                          committed)
+                                          self.committed(req, kv))
         if why := refusal(operation, args, running, self.retracted, self.config.size_full):
             raise InvalidRequest(why)
 

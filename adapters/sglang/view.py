@@ -108,14 +108,19 @@ class SglangCacheView:
 
     # -- the snapshot -----------------------------------------------------------------
 
+    def committed(self, req, kv: KvFields) -> int:
+        """The KV a request has committed: before its first extend, the prefix it matched
+        (it holds no row yet; engine.py's docstring)."""
+        return kv.committed if kv.holds_kv else len(self.matched_prefix(req))
+
     def request_view(self, rid: str, req) -> RequestView:
         kv = self.kv(req)
         if kv.holds_kv:
             row = tuple(self.req_to_token_pool.req_to_token[kv.row, :kv.allocated].tolist())
-            allocated, committed = kv.allocated, kv.committed
-        else:  # admitted, no extend yet: its prefix is the tree's (engine.py's docstring)
+        else:  # admitted, no extend yet: its row is the prefix it matched
             row = tuple(self.matched_prefix(req).tolist())
-            allocated = committed = len(row)
+        committed = self.committed(req, kv)
+        allocated = kv.allocated if kv.holds_kv else committed
         return RequestView(rid, row, kv.protected, kv.cursor, allocated, committed, req.seqlen,
                            req.decode_batch_idx, rid in self.finished_prefill, self.lock_node(req))
 

@@ -135,7 +135,9 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             return len(self.prefilling) + len(self.decoding)
 
         def view(self, rid: str):
-            return next(r for r in self.driver.previous.requests if r.rid == rid)
+            """The request `rid` as the last snapshot showed it; None where it shows none (an
+            admission not yet extended may show no request)."""
+            return next((r for r in self.driver.previous.requests if r.rid == rid), None)
 
         # -- lifecycle --------------------------------------------------------------------
 
@@ -185,7 +187,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
             chunks = []
             for rid in rids:
                 chunk = {"rid": rid, "chunk": self.steered_chunk(rid, data.draw(sizes)), "token": data.draw(ALPHABET)}
-                view = next((r for r in self.driver.previous.requests if r.rid == rid), None)
+                view = self.view(rid)
                 if view is not None and view.kv_committed_len + chunk["chunk"] >= view.seq_len \
                         and data.draw(st.booleans()):
                     chunk["finish"] = True
@@ -245,8 +247,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         @rule(data=st.data(), retract=st.booleans())
         def abort_or_retract(self, data, retract):
             rid = data.draw(st.sampled_from(sorted(self.prefilling | self.decoding)))
-            # what its readmission prefills again (an admission not yet extended may show no request)
-            tokens = next((r.seq_len for r in self.driver.previous.requests if r.rid == rid), 0)
+            view = self.view(rid)
+            tokens = view.seq_len if view is not None else 0  # what its readmission prefills again
             self.run("retract" if retract else "abort", rid=rid)
             self.prefilling.discard(rid)
             self.decoding.discard(rid)

@@ -342,13 +342,8 @@ class Certificates:
                 return False
             for node in path:
                 path_locks[node.node_id] = path_locks.get(node.node_id, 0) + 1
-            covered, depth = 0, r.cache_protected_len
-            for node in reversed(path):
-                if covered >= min(window, depth):
-                    break
-                if node.swa_lock_ref < 1:
-                    return False
-                covered += len(node.key)
+            if any(node.swa_lock_ref < 1 for node in tree.swa_lock_segment(path, window)):
+                return False
             prefix = tuple(chain.from_iterable(node.full_value for node in path))
             if r.row[:min(len(prefix), r.cache_protected_len)] != prefix[:r.cache_protected_len]:
                 return False

@@ -47,14 +47,10 @@ def lock_violations(now: TwoPoolSnapshot) -> list[Violation]:
         depth = nodes[r.last_node].end
         if depth != r.cache_protected_len:
             found.append(Violation("I11", f"request {r.rid}: last node {r.last_node} ends at {depth}, but cpl is {r.cache_protected_len}"))
-        covered = 0
-        for node in reversed(paths[r.rid]):
-            if covered >= min(window, depth):
-                break
+        for node in swa_lock_segment(paths[r.rid], window):
             if node.swa_lock_ref < 1:
                 found.append(Violation("I11", f"request {r.rid}: node {node.node_id} is in its SWA lock segment (the {min(window, depth)} "
                                               f"tokens above its end), yet has SWA lock ref {node.swa_lock_ref}"))
-            covered += len(node.key)
         prefix = [slot for node in paths[r.rid] for slot in node.full_value]
         for position in range(min(len(prefix), r.cache_protected_len)):
             row_slot = r.row[position] if position < len(r.row) else None
@@ -130,15 +126,23 @@ def request_locks(snapshot: TwoPoolSnapshot, requests) -> dict[str, Counter]:
     nodes, window = node_index(snapshot), snapshot.config.window
     held = {"full": Counter(), "SWA": Counter()}
     for r in requests:
-        path = path_to(nodes, r.last_node) if r.last_node in nodes else []
+        path = path_to(nodes, r.last_node)
         held["full"].update(node.node_id for node in path)
-        covered, depth = 0, nodes[r.last_node].end if path else 0
-        for node in reversed(path):
-            if covered >= min(window, depth):
-                break
-            held["SWA"][node.node_id] += 1
-            covered += len(node.key)
+        held["SWA"].update(node.node_id for node in swa_lock_segment(path, window))
     return held
+
+
+def swa_lock_segment(path, window: int) -> list:
+    """[TREE-4] The nodes of a request's path that hold its SWA lock: from its last node up
+    until min(W, depth) tokens are covered."""
+    depth = path[-1].end if path else 0
+    segment, covered = [], 0
+    for node in reversed(path):
+        if covered >= min(window, depth):
+            break
+        segment.append(node)
+        covered += len(node.key)
+    return segment
 
 
 @invariant("I14", "locks", reads={"tree"})
