@@ -317,3 +317,18 @@ def test_the_schedulers_flushes_waiting_matches_and_prefill_finishes_hold_on_eve
     names = ["sglang@0.5.14", "sglang@0.5.14-python", "sglang@0.5.18", "sglang@0.5.19-rust", "sglang@0.5.22"]
     outcomes = bisect.replay_pairs([(path, members[name]) for name in names], workers=2)
     assert [(o.member, o.verdict) for o in outcomes] == [(name, bisect.PASSES) for name in names], outcomes
+
+
+def test_pd_admissions_hold_on_every_release_that_drives_them():
+    """[LIFE-6] vectors/tests/pd-admissions-share-and-refuse.jsonl: PD admissions that share a
+    cached prefix, one refused with its prefix locked, one aborted, on each generation of the
+    decode side's pre-allocation (catalog.pd_capabilities): 0.5.19 (the radix flag read off the
+    server arguments), 0.5.20's Rust tree, 0.5.21 (the match capped and the SWA lock given back
+    in pop_preallocated itself, the budgets checked one by one), 0.5.22 and 0.5.23 (both in
+    _match_prefix_and_lock, the budgets in _prealloc_reservation_fits): every check holds."""
+    require_releases("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+    path = str(TREE / "tests" / "pd-admissions-share-and-refuse.jsonl")
+    members = {member.name: member for member in bisect.members_of(history.FAMILY)}
+    names = ["sglang@0.5.19", "sglang@0.5.20-rust", "sglang@0.5.21-python", "sglang@0.5.22", "sglang@0.5.23-python"]
+    outcomes = bisect.replay_pairs([(path, members[name]) for name in names], workers=2)
+    assert [(o.member, o.verdict) for o in outcomes] == [(name, bisect.PASSES) for name in names], outcomes

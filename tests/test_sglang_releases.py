@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from kvspec.adapters.sglang.releases import environment, history
-from kvspec.adapters.sglang.releases.catalog import MEMBERS, Release
+from kvspec.adapters.sglang.releases.catalog import MEMBERS, Release, key
 from kvspec.adapters.sglang.releases.findings import FINDINGS, explain
 from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.spec.window import retention
@@ -151,18 +151,25 @@ def test_a_batchs_group_end_free_is_told_from_the_short_rematch_by_its_step_and_
 
 
 def test_the_table_meets_the_pd_tail_bug_that_the_gating_adapters_steer_clear_of():
-    """0.5.23's members draw PD admissions at every window (SGL-11 is not steered there), and an
-    I10 of a short admission leaf is explained on the Python tree, where it shows, only."""
+    """The members with the PD path (from 0.5.19) draw PD admissions at every window (SGL-11 is
+    not steered there): an I10 of a short admission leaf is explained on 0.5.23's Python tree,
+    where it shows, only; before 0.5.23 the same admission is the rematch's double ownership."""
     from kvspec.adapters.sglang import CAPABILITIES
     assert "pd_checkpoint_keeps_window" not in CAPABILITIES
     assert "pd_checkpoint_keeps_window" in MEMBERS.members["0.5.23-python"].capabilities
-    assert "pd_decode" not in MEMBERS.members["0.5.22-python"].capabilities
+    for release, driven in (("0.5.18", False), ("0.5.19", True), ("0.5.22-python", True)):
+        claimed = {"pd_decode", "pd_checkpoint_keeps_window"} & set(MEMBERS.members[release].capabilities)
+        assert claimed == ({"pd_decode", "pd_checkpoint_keeps_window"} if driven else set()), release
     short = "violated at step 0: [I10] request r1: new leaf with live SWA [8, 12), fewer than min(W, E) = 6"
     for release, tree, explained in (("0.5.23", "python", True), ("0.5.23", "rust", False), ("0.5.18", "python", False)):
         c = cell(release, tree, ["I10"], message=short)
         assert (explain(c, c["runs"][0]) == "pd-tail-not-rounded") == explained, (release, tree)
     c = cell("0.5.23", "python", ["I10"])  # another I10 is not this bug
     assert explain(c, c["runs"][0]) is None
+    owned_twice = "after Step(operation='pd_admit', rid='r1', outcome=<Outcome.OK: 'ok'>):\n[I4] full page 1 has 2 owners"
+    for release, explained in (("0.5.20", "checkpoint-short-rematch"), ("0.5.23", None)):
+        c = cell(release, "python", ["I4"], ("no-chunk-release",), message=owned_twice)  # not the chunk release's
+        assert explain(c, c["runs"][0]) == explained, release
 
 
 def test_early_swa_unlock_is_explained_only_with_its_knob_and_before_a_bug_of_the_same_clauses():
@@ -234,12 +241,17 @@ def test_each_regression_vector_fails_where_its_bug_shipped_and_passes_elsewhere
         assert any(r["expected_to_fail"] and not r["conforms"] for r in results)
     replayed = [r for r in results if "skipped" not in r]
     if release == "0.5.23":  # the bugs fixed there pass; what it still has fails (the knob's, with the knob)
-        assert {r["finding"] for r in replayed if not r["conforms"]} == {"pd-tail-not-rounded", "early-swa-unlock"}
+        # (the rematch's PD vector stops there at the short leaf itself: pd-tail-not-rounded)
+        assert {r["explained_by"] for r in replayed if not r["conforms"]} == {"pd-tail-not-rounded", "early-swa-unlock"}
         assert {r["member"] for r in replayed if r["finding"] == "early-swa-unlock" and not r["conforms"]} \
             == {"sglang@0.5.23-python+early-swa-unlock"}
-    else:  # the PD path is driven on 0.5.23 only: its vector is skipped, and says why
-        assert all("capability pd_decode" in r["skipped"] for r in results if "skipped" in r)
-        assert all(r["finding"] != "pd-tail-not-rounded" for r in replayed)
+    else:  # the PD vectors: from 0.5.19 the short admission leaf meets the rematch first; before, skipped
+        pd = [r for r in results if r["vector"] in ("checkpoint-short-rematch-pd.jsonl", "SGL-11.jsonl")]
+        if key(release) >= (0, 5, 19):
+            assert len(pd) >= 2 and all("skipped" not in r and r["explained_by"] == "checkpoint-short-rematch"
+                                        for r in pd), pd
+        else:
+            assert len(pd) >= 2 and all("capability pd_decode" in r["skipped"] for r in pd), pd
 
 
 def test_only_the_release_that_fixed_the_rematch_claims_short_leaf_checkpoints():

@@ -292,37 +292,21 @@ class SglangEngine(SglangCacheView):
         queue = pd_decode.prealloc_queue(self)
         with pd_decode.decode_radix_cache(), quiet():
             # pop_preallocated, the decode-radix branch (`:1498-1544`)
-            match = queue._match_prefix_and_lock(req)
-            prefix_indices, prefix_len, total_prefix_len = match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len
-            fill_len = queue._pre_alloc_fill_len(req)
-            uses_swa_tail = queue._uses_swa_tail_prealloc()
-            if uses_swa_tail and prefix_len > 0 and hasattr(self.cache, "release_swa"):
-                self.cache.release_swa(req.lock)
-            required = queue._required_alloc_tokens(fill_len=fill_len, prefix_len=prefix_len)
-            full_budget = queue._allocatable_token_budgets(retractable_tokens=0, count_retracted=True,
-                                                           extra_reserved_reqs=0, hicache_reserved_tokens=0)
-            swa_budget = queue._swa_tail_allocatable_token_budget(
-                retractable_tokens=0, retractable_swa_tokens=0, count_retracted=True,
-                extra_reserved_reqs=0) if queue._uses_swa_reservation() else None
-            # the demand (`:1552-1569`), less the max_new_tokens projection (see above)
-            full_required = required + queue.num_reserved_decode_tokens
-            swa_required = queue._prealloc_required_tokens(req)[1] if uses_swa_tail else 0
-            swa_len = queue._prealloc_kv_lens(req)[1] if uses_swa_tail else required
-            if not queue._prealloc_reservation_fits(full_required, swa_required, full_allocatable_tokens=full_budget,
-                                                    swa_allocatable_tokens=swa_budget):
-                return self.pd_refused(req, prefix_len)  # the queue stops here (`:1571-1579`)
-            if swa_budget is not None and queue._reclaim_swa_tail_capacity(swa_len, rid, full_len=required) is not None:
-                return self.pd_refused(req, prefix_len)  # SGLang aborts the request (`:1582-1606`)
+            match = self.pd_match(queue, req)
+            required = queue._required_alloc_tokens(fill_len=match.fill_len, prefix_len=match.prefix_len)
+            if not self.pd_fits(queue, req, required):
+                return self.pd_refused(queue, req, match)
             # `_pre_alloc` evicts the full pool's shortfall (`:2279-2300`), then asserts (`:2357`) its
             # allocation succeeded: make that eviction first and check the pools
             if queue._radix_full_available() < required:
                 self.cache.evict_for_alloc(s.EvictParams(num_tokens=required - queue._radix_full_available()))
-            tail = queue._swa_tail_len(fill_len)
-            swa_pages = pages_for(tail, self.P) if uses_swa_tail else fill_len - prefix_len
-            if not self.allocator.new_pages_available(new_pages_for_extend(prefix_len, fill_len, self.P), swa_pages):
-                return self.pd_refused(req, prefix_len)
-            queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)
-            req.kv.cache_protected_len = total_prefix_len  # (`:1636`)
+            tail = queue._swa_tail_len(match.fill_len)
+            swa_pages = pages_for(tail, self.P) if queue._uses_swa_tail_prealloc() else match.fill_len - match.prefix_len
+            if not self.allocator.new_pages_available(new_pages_for_extend(match.prefix_len, match.fill_len, self.P),
+                                                      swa_pages):
+                return self.pd_refused(queue, req, match)
+            queue._pre_alloc(req, match.prefix_indices, match.prefix_len, match.total_prefix_len)
+            req.kv.cache_protected_len = match.total_prefix_len  # (`:1636`)
             # the KV arrived: the prefill server's first output (`_commit_transfer_to_req`)
             req.output_ids.append(first_output)
             # the prebuilt batch (`process_prebuilt`): no SWA branching window, a checkpoint
@@ -332,10 +316,38 @@ class SglangEngine(SglangCacheView):
         self.finished_prefill.add(rid)
         return None
 
-    def pd_refused(self, req, prefix_len: int) -> OutOfMemory:
+    def pd_match(self, queue, req) -> pd_decode.PdMatch:
+        """The decode-side match (`_match_prefix_and_lock` caps it clear of the SWA tail,
+        `:860-946`); the matched prefix's SWA lock goes back at once, as SGLang transfers
+        the tail fresh (`tree_cache.release_swa`, `:1512-1518`)."""
+        match = queue._match_prefix_and_lock(req)
+        if queue._uses_swa_tail_prealloc() and match.l1_prefix_len > 0 and hasattr(self.cache, "release_swa"):
+            self.cache.release_swa(req.lock)
+        return pd_decode.PdMatch(match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len,
+                                 queue._pre_alloc_fill_len(req), match.l1_prefix_len)
+
+    def pd_fits(self, queue, req, required: int) -> bool:
+        """The budgets (`:1546-1579`) and the SWA reclaim (`:1582-1606`, where SGLang aborts
+        the request). The demand is the allocation's, without the `max_new_tokens`
+        projection of `_required_admission_tokens` (pd_admit's docstring)."""
+        uses_swa_tail = queue._uses_swa_tail_prealloc()
+        full_budget = queue._allocatable_token_budgets(retractable_tokens=0, count_retracted=True,
+                                                       extra_reserved_reqs=0, hicache_reserved_tokens=0)
+        swa_budget = queue._swa_tail_allocatable_token_budget(
+            retractable_tokens=0, retractable_swa_tokens=0, count_retracted=True,
+            extra_reserved_reqs=0) if queue._uses_swa_reservation() else None
+        full_required = required + queue.num_reserved_decode_tokens
+        swa_required = queue._prealloc_required_tokens(req)[1] if uses_swa_tail else 0
+        swa_len = queue._prealloc_kv_lens(req)[1] if uses_swa_tail else required
+        if not queue._prealloc_reservation_fits(full_required, swa_required, full_allocatable_tokens=full_budget,
+                                                swa_allocatable_tokens=swa_budget):
+            return False
+        return swa_budget is None or queue._reclaim_swa_tail_capacity(swa_len, req.rid, full_len=required) is None
+
+    def pd_refused(self, queue, req, match: pd_decode.PdMatch) -> OutOfMemory:
         """A PD request that does not fit: SGLang gives its lock back where it matched
         something (`disaggregation/decode.py:1576-1578`)."""
-        if prefix_len > 0:
+        if match.locked:
             self.unlock(req)
         return self.out_of_memory()
 

@@ -28,12 +28,25 @@ kvspec's engine always has a prefix-sharing radix cache, so the decode side has 
 import contextlib
 import importlib
 import types
+from typing import NamedTuple
 
 from .runtime import sglang
 
 NUM_RESERVED_DECODE_TOKENS = 0
 """SGLang's `--num-reserved-decode-tokens` (decode headroom reserved per active request,
 default 512): kvspec's engine reserves none; each decode step allocates or fails itself."""
+
+
+class PdMatch(NamedTuple):
+    """What the decode-side match leaves for the pre-allocation: the device prefix (capped
+    clear of the SWA tail), the prefix promised to the prefill server, the length to
+    fill, and whether the match took a lock (to give back if the request does not fit)."""
+
+    prefix_indices: object
+    prefix_len: int
+    total_prefix_len: int
+    fill_len: int
+    locked: bool
 
 
 def decode_module():
@@ -71,5 +84,7 @@ def prealloc_queue(engine):
         waiting_queue=[],
         last_batch=None,
         tp_worker=types.SimpleNamespace(is_hybrid_swa=True),
+        # up to 0.5.19 the decode radix cache is read off the server arguments (0.5.19 `:466, 1200`)
+        server_args=types.SimpleNamespace(disaggregation_decode_enable_radix_cache=True),
     )
     return queue

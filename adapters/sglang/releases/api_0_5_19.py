@@ -93,3 +93,22 @@ class Engine_0_5_19(Engine_0_5_21):
     def decode_fits(self, batch, req) -> bool:
         return self.allocator.check_decode_capacity(num_tokens=batch.new_tokens_required_next_decode(),
                                                     tree_cache=self.cache)
+
+    def swa_lock_receipt(self, req):
+        return req.lock_receipt if hasattr(req, "lock_receipt") else req.swa_uuid_for_lock  # 0.5.19 `:1238-1241`
+
+    def pd_fits(self, queue, req, required: int) -> bool:
+        """Before 0.5.21 `pop_preallocated` checks each pool's demand against its budget
+        itself (no `_prealloc_reservation_fits`), and reclaims SWA without the full
+        length (`disaggregation/decode.py:1276-1330`)."""
+        full_budget = queue._allocatable_token_budgets(retractable_tokens=0, count_retracted=True,
+                                                       extra_reserved_reqs=0, hicache_reserved_tokens=0)
+        if required + queue.num_reserved_decode_tokens > full_budget:
+            return False
+        if not queue._uses_swa_tail_prealloc():
+            return True
+        swa_budget = queue._swa_tail_allocatable_token_budget(retractable_tokens=0, retractable_swa_tokens=0,
+                                                              count_retracted=True, extra_reserved_reqs=0)
+        if queue._prealloc_required_tokens(req)[1] > swa_budget:
+            return False
+        return queue._reclaim_swa_tail_capacity(queue._prealloc_kv_lens(req)[1], req.rid) is None

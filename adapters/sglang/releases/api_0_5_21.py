@@ -17,6 +17,7 @@ before 0.5.22's TreeLock and `checkpoint`. Lines are of the 0.5.21 wheel's `sgla
 * Paged kernels: see `use_cpu_kernels`, which the older releases' shims inherit.
 """
 
+from .. import pd_decode
 from ..engine import SglangEngine
 from ..runtime import sglang
 
@@ -98,3 +99,31 @@ class Engine_0_5_21(SglangEngine):
 
     def release_kv(self, req, checkpoint: bool) -> None:
         self.s.release_kv_cache(req, self.cache, is_insert=checkpoint)
+
+    def pd_match(self, queue, req) -> pd_decode.PdMatch:
+        """Up to 0.5.21 the match is capped clear of the SWA tail by `pop_preallocated`
+        itself, and the prefix's SWA lock goes back with `dec_swa_lock_only`, marked on the
+        request (`disaggregation/decode.py:1418-1441`)."""
+        match = queue._match_prefix_and_lock(req)
+        prefix_indices, prefix_len, total_prefix_len = match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len
+        fill_len = queue._pre_alloc_fill_len(req)
+        uses_swa_tail = queue._uses_swa_tail_prealloc()
+        if uses_swa_tail and prefix_len > 0:
+            cap = fill_len - queue._swa_tail_len(fill_len)
+            if prefix_len > cap:
+                prefix_len = total_prefix_len = cap
+                prefix_indices = prefix_indices[:cap]
+        if uses_swa_tail and match.l1_prefix_len > 0 and hasattr(self.cache, "dec_swa_lock_only"):
+            self.cache.dec_swa_lock_only(req.last_node, self.swa_lock_receipt(req))
+            req.swa_prefix_lock_released = True
+        return pd_decode.PdMatch(prefix_indices, prefix_len, total_prefix_len, fill_len, match.l1_prefix_len > 0)
+
+    def swa_lock_receipt(self, req):
+        return req.lock_receipt
+
+    def pd_refused(self, queue, req, match: pd_decode.PdMatch):
+        """The matched prefix's lock goes back, less its SWA part if that went already
+        (`_release_matched_prefix_lock`, `disaggregation/decode.py:509`)."""
+        if match.locked:
+            queue._release_matched_prefix_lock(req)
+        return self.out_of_memory()

@@ -187,12 +187,18 @@ def make_allocator(size_full: int, size_swa: int, page_size: int, release: str):
     return adapter
 
 
-UNSTEERED_PD = (Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
-"""The PD path is driven on 0.5.23 only (the older releases' decode-side pre-allocation
-has other signatures). The gating adapters `sglang` and `sglang-python` lack
-pd_checkpoint_keeps_window so that their runs steer clear of known divergence SGL-11; a
-member of the table claims it, so that its runs draw PD admissions at every window and
-the table shows the bug (findings.py, pd-tail-not-rounded) rather than hiding it."""
+def pd_capabilities(release: Release) -> tuple[Capability, ...]:
+    """The PD decode side's pre-allocation is driven from 0.5.19, whose `_swa_tail_len`
+    keeps max(W, P) + 1 tokens before the insert boundary (0.5.19
+    `disaggregation/decode.py:456-477`), as every later release does; the releases before
+    keep W (0.5.18 `:387-398`) and have other budget methods. Each claims
+    pd_checkpoint_keeps_window, unsteered: the table's runs draw PD admissions at every
+    window and show where the admission's leaf is short (findings.py: pd-tail-not-rounded on
+    0.5.23, checkpoint-short-rematch's PD form before it) rather than hiding it. The gating
+    adapters `sglang` and `sglang-python` do not claim it (known divergence SGL-11)."""
+    pd = key(release.release) >= (0, 5, 19)
+    return (Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW) * pd
+
 
 def allocator_capabilities(release: Release) -> tuple[Capability, ...]:
     """What the release's hybrid allocator offers beyond allocation, `free` and `free_swa`:
@@ -220,7 +226,7 @@ def capabilities(release: Release, tree: str) -> tuple[Capability, ...]:
         + (Capability.CHUNKED_PREFILL, Capability.BATCHED_PREFILL, Capability.BATCHED_FINISH, Capability.FLUSH,
            Capability.WAITING_MATCHES) \
         + allocator_capabilities(release) \
-        + (UNSTEERED_PD if release.release == "0.5.23" and not chunk else ()) \
+        + (pd_capabilities(release) if not chunk else ()) \
         + ((Capability.SHORT_LEAF_CHECKPOINTS,) if release.release == "0.5.23" else ())
 
 

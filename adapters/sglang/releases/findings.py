@@ -98,6 +98,11 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
             ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len",
             vector="vectors/regressions/sglang/checkpoint-short-rematch-finish.jsonl"),
+    # the same, where a PD-decode admission's checkpoint leaves the short leaf (pd-tail-not-rounded's
+    # tail, 0.5.19 on): at any knobs, as the admission's insert is not the chunk release's
+    Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("python", "rust"),
+            ("I4", "I2", "I3", "I1", "crashed"), says=r"pd_admit",
+            vector="vectors/regressions/sglang/checkpoint-short-rematch-pd.jsonl"),
     # the same on 0.5.14's unified tree with the release flag on and its page margin dropped
     # (retention W, short of a window after the insert as max(W, P) is later); found by the knob
     # combinations: a batch's trace crashes on every 0.5.14 member with both knobs, passes on
@@ -105,9 +110,11 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.14", "0.5.14", None, ("python",),
             ("I4", "I2", "I3", "I1", "I5", "I10", "crashed"), by_default=(), knobs=("chunk-release", "drop-margin"),
             says=r"\[I\d+\]|^prefill_(chunk|batch) raised AssertionError: new_prefix_len="),
-    # PD-decode admissions are driven on 0.5.23 only (catalog.UNSTEERED_PD), though the tail is
-    # the same since 0.5.19 (its vector is skipped before); the Rust core's tree cannot be walked.
-    Finding("pd-tail-not-rounded", "bug", "0.5.19", "0.5.23", None, ("python",), ("I10",),
+    # PD-decode admissions are driven from 0.5.19 (catalog.pd_capabilities). The tail is the same
+    # since 0.5.19, but only 0.5.23 shows the short leaf itself: before, the match after the insert
+    # meets it first (checkpoint-short-rematch's PD form, above), and the bisection leaves those
+    # releases out. The Rust core's tree cannot be walked.
+    Finding("pd-tail-not-rounded", "bug", "0.5.23", "0.5.23", None, ("python",), ("I10",),
             says="new leaf with live SWA", vector="vectors/divergences/sglang/SGL-11.jsonl"),
     # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
     Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),

@@ -7,7 +7,8 @@ trace under `vectors/divergences/sglang/` (no expected observables are compared:
 differ between releases). It is replayed as `kvspec bisect` replays a trace
 (conformance/runs/bisect.py): at the policy the member declares, so one vector serves
 releases whose retention differs; one process per release, as always. A member that
-cannot drive the vector's steps (a PD admission before 0.5.23) skips it, and says so.
+cannot drive the vector's steps (a PD admission before 0.5.19, or one whose checkpoint
+is short of a window before 0.5.23) skips it, and says so.
 
     python -m kvspec.adapters.sglang.releases regressions [RELEASE ...]
     python -m kvspec.adapters.sglang.releases ranges [FINDING ...]

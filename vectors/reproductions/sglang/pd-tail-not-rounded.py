@@ -1,4 +1,4 @@
-"""pd-tail-not-rounded: a bug of SGLang 0.5.19 - 0.5.23, shown with SGLang alone.
+"""pd-tail-not-rounded: a bug of SGLang 0.5.23, shown with SGLang alone.
 
     PYTHONPATH=<the folder holding SGLang's sglang/> python pd-tail-not-rounded.py
 
@@ -11,12 +11,13 @@ step (SGL-9). Its comment's intent is a complete window before that insert bound
 P) is not rounded to a page: where W > P and 1 <= W % P <= P - 2 the new leaf keeps fewer than W
 live SWA tokens below a tombstoned head and no later match reaches it (W = 6, P = 4, a 15-token
 prompt: cursor 8, leaf [8, 12), and the same prompt admitted again matches nothing). A bug of
-SGLang (0.5.19 - 0.5.23 share the arithmetic; the PD path is driven on 0.5.23 only), not a
-difference of models: 0.5.23 re-points the request to the tree's slots, so the leaf is merely
-unmatchable; the releases that match again after the insert would meet checkpoint-short-rematch
-(docs/engines/sglang-findings.md, pd-tail-not-rounded). The spec's WIN-6 tail is the same
-arithmetic, sound for the reference, which does not checkpoint there. Steered: the sglang
-adapters do not declare pd_checkpoint_keeps_window, so pd_admit is not drawn at those windows.
+SGLang (0.5.19 - 0.5.23 share the arithmetic; on 0.5.19 - 0.5.22 the short leaf meets
+checkpoint-short-rematch first), not a difference of models: 0.5.23 re-points the request to the
+tree's slots, so the leaf is merely unmatchable; the releases that match again after the insert
+meet checkpoint-short-rematch (docs/engines/sglang-findings.md, pd-tail-not-rounded). The spec's
+WIN-6 tail is the same arithmetic, sound for the reference, which does not checkpoint there.
+Steered: the sglang adapters do not declare pd_checkpoint_keeps_window, so pd_admit is not drawn
+at those windows.
 
 What it checks: what a checkpoint put into the tree can be matched again.
 
