@@ -7,6 +7,7 @@ allocation paths. Nothing of SGLang is imported until an adapter builds somethin
 
 from functools import partial
 
+from kvspec.conformance.harness.built_for import BuiltFor
 from kvspec.conformance.harness.declarations import Capability
 
 from .allocator import SglangAllocatorAdapter
@@ -35,6 +36,8 @@ class SGLANG:
     """The Rust tree core cannot be walked (see tree_view.py): its state view shows the
     slots of the checkpoints, not their nodes (state.py, UNKNOWN_NODE)."""
     preload = "kvspec.adapters.sglang.preload"
+    built_for = BuiltFor("sglang", ("0.5.23",), "SGLang", family="sglang@",
+                         install="pip install --no-deps -r adapters/sglang/requirements.txt")
     make_allocator = SglangAllocatorAdapter
     make_engine = staticmethod(partial(SglangEngine, tree="rust"))
 

@@ -14,6 +14,7 @@ TokenSpeed is imported until an adapter builds one.
 
 from functools import partial
 
+from kvspec.conformance.harness.built_for import BuiltFor
 from kvspec.conformance.harness.declarations import Capability
 
 
@@ -34,6 +35,8 @@ class TOKENSPEED:
                     Capability.CHUNKED_PREFILL, Capability.STATE_GROUP)
     """state_group: a `State` group beside full and sliding window (the scheduler+state runs, SCHED-9)."""
     preload = "kvspec.adapters.tokenspeed.runtime"
+    built_for = BuiltFor("tokenspeed-scheduler", ("0.1.42",), "TokenSpeed",
+                         install="pip install --no-deps -r adapters/tokenspeed/requirements.txt")
     make_scheduler = staticmethod(make_scheduler)
 
 

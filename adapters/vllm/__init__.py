@@ -14,6 +14,7 @@ vLLM is imported until an adapter builds something.
 
 from functools import partial
 
+from kvspec.conformance.harness.built_for import BuiltFor
 from kvspec.conformance.harness.declarations import Capability
 
 from .engine import VllmEngine
@@ -32,6 +33,8 @@ STATE-10..14), at every page size; a finish frees every state block the request 
 Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
 only); the two-pool observables are not shown: one shared block pool is."""
 
+BUILT_FOR = BuiltFor("vllm", ("0.33.0",), "vLLM", install="pip install --no-deps -r adapters/vllm/requirements.txt")
+
 
 class VLLM:
     """vLLM 0.33.0, its engine's default prefix-cache retention (0)."""
@@ -42,6 +45,7 @@ class VLLM:
     capabilities = CAPABILITIES
     observables = ("rows", "block_pool")
     preload = "kvspec.adapters.vllm.preload"
+    built_for = BUILT_FOR
     make_engine = staticmethod(partial(VllmEngine, retention=0))
 
 
@@ -74,6 +78,7 @@ class VLLM_SCHEDULER:
     or before the same step's window releases (divergences VLLM-2, VLLM-3, SCHED-7)."""
     observables = VLLM.observables
     preload = VLLM.preload
+    built_for = BUILT_FOR
     make_scheduler = staticmethod(make_scheduler)
 
 

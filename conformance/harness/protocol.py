@@ -29,6 +29,9 @@ An adapter is any object (a module, a class, an instance) with these attributes:
     make_engine          (EngineConfig) -> Engine                         engine tier
     make_scheduler       (SchedulerConfig) -> Scheduler                   scheduler tier
     preload              optional: modules to import once in the forkserver (slow imports)
+    built_for            optional: the engine releases it drives (built_for.BuiltFor); where
+                         another release is installed, loading it is an AdapterError naming
+                         both and what to use instead (exit 2), never a run
 
 At least one tier. What the factories build is typed below (`Allocator`, `Engine`,
 `Scheduler`). At the scheduler tier (spec chapter 10) the implementation's own scheduler
@@ -60,6 +63,7 @@ from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
 from kvspec.spec.window import POLICY_VERSIONS, PolicyVersion
 
 from . import families
+from .built_for import BuiltFor, release_problem
 from .declarations import OPTIONAL_OPERATIONS, Capability, Tier
 
 
@@ -320,8 +324,14 @@ def validate(candidate: Any, spec: str) -> Adapter:
     for tier, factory in factories.items():
         if factory is not None and not callable(factory):
             problems.append(f"make_{tier} must be callable (got {factory!r})")
+    built_for = attribute("built_for")
+    if built_for is not None and not isinstance(built_for, BuiltFor):
+        problems.append(f"built_for must be a kvspec.conformance.harness.built_for.BuiltFor, the engine "
+                        f"releases it drives (got {built_for!r})")
     if problems:
         raise AdapterError(f"adapter {spec!r} is not usable:\n  - " + "\n  - ".join(problems))
+    if built_for is not None and (problem := release_problem(built_for, spec)):
+        raise AdapterError(problem)
     versions = tuple(PolicyVersion(v) for v in versions)
     return Adapter(name, version, frozenset(map(Capability, capabilities)), model, frozenset(observables), spec,
                    preload, (version, *(v for v in versions if v != version)),
