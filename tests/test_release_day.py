@@ -31,7 +31,7 @@ def check_with(folder: Path, adapter: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("adapter, distribution, installed, instead", [
-    ("vllm", "vllm", "0.34.0", "install a supported release (pip install --no-deps -r adapters/vllm/requirements.txt)"),
+    ("vllm", "vllm", "0.35.0", "install a supported release (pip install --no-deps -r adapters/vllm/requirements.txt)"),
     ("sglang-python", "sglang", "0.5.22", "use its member of SGLang's releases: `--adapter sglang@0.5.22`"),
     ("tokenspeed", "tokenspeed-scheduler", "0.1.43", "install a supported release"),
 ])

@@ -1,4 +1,5 @@
-"""Real vLLM 0.33.0 behind kvspec's adapter protocol (see docs/engines/vllm.md, section 11).
+"""Real vLLM 0.33.0 (pinned) and 0.34.0 behind kvspec's adapter protocol (see
+docs/engines/vllm.md, sections 6a and 11).
 
 `VLLM` drives vLLM's v1 KV cache manager with the prefix-cache retention its engine
 uses by default (`prefix_cache_retention_interval = 0`: a sliding-window group caches
@@ -33,7 +34,7 @@ STATE-10..14), at every page size; a finish frees every state block the request 
 Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
 only); the two-pool observables are not shown: one shared block pool is."""
 
-BUILT_FOR = BuiltFor("vllm", ("0.33.0",), "vLLM", install="pip install --no-deps -r adapters/vllm/requirements.txt")
+BUILT_FOR = BuiltFor("vllm", ("0.33.0", "0.34.0"), "vLLM", install="pip install --no-deps -r adapters/vllm/requirements.txt")
 
 
 class VLLM:

@@ -49,7 +49,7 @@ from kvspec.spec.state import StateValue, advance_state
 from kvspec.spec.window import BLOCK_POOL_VERSIONS, VLLM_0_33, VLLM_0_33_DENSE, validate_window_config
 
 from .runtime import vllm
-from .view import KVCacheManagerView, mapped_blocks
+from .view import KVCacheManagerView, cached_blocks
 
 MAX_TOKENS = 1 << 30
 """A request's sampling limit: the engine tier decides when a request finishes."""
@@ -290,8 +290,8 @@ class VllmEngine(KVCacheManagerView):
         used first). The queue is as long as the pool and its head holds the blocks never
         used, so it is walked back from its tail until every such block is met: the walk
         ends at the oldest of them, and an evict costs what the cache holds, not the pool."""
-        missing = {block.block_id for value in self.pool.cached_block_hash_to_block._cache.values()
-                   for block in mapped_blocks(value) if block.ref_cnt == 0}
+        cached = self.pool.cached_block_hash_to_block
+        missing = {block.block_id for key in cached._cache for block in cached_blocks(cached, key) if block.ref_cnt == 0}
         found, block = [], self.pool.free_block_queue.fake_free_list_tail.prev_free_block
         while missing and block is not None and block.block_id >= 0:  # the fake head's id is -1
             if block.block_id in missing:

@@ -37,12 +37,19 @@ from kvspec.spec.state import StateValue, state_digest
 
 from .runtime import vllm
 
-REF_COUNT, BLOCK_HASH, BLOCK_ID = attrgetter("ref_cnt"), attrgetter("_block_hash"), attrgetter("block_id")
+REF_COUNT, BLOCK_HASH, BLOCK_ID = attrgetter("ref_cnt"), attrgetter("block_hash"), attrgetter("block_id")
 
 
-def mapped_blocks(value) -> tuple:
-    """The blocks one key of vLLM's prefix-cache map names: a block, or a dict of them."""
-    return tuple(value.values()) if isinstance(value, dict) else (value,)
+def cached_blocks(cache_map, key) -> tuple:
+    """The blocks vLLM's prefix-cache map (`BlockHashToBlockMap`) holds under one of its keys,
+    () for a key it does not hold. Up to 0.33.0 an entry is a block, or a dict of the blocks
+    of a key several share; from 0.34.0 an entry is a block id, and the ids of a key several
+    blocks share are kept apart (`_dup_ids`, 0.34.0 `v1/core/block_pool.py:56-64`)."""
+    if hasattr(cache_map, "_dup_ids"):
+        ids = cache_map._dup_ids.get(key) or ((cache_map._cache[key],) if key in cache_map._cache else ())
+        return tuple(cache_map._blocks[i] for i in ids)
+    value = cache_map._cache.get(key)
+    return () if value is None else tuple(value.values()) if isinstance(value, dict) else (value,)
 
 
 def table_blocks(tables: dict[str, list[tuple[int, ...]]]) -> set[int]:
@@ -150,9 +157,10 @@ class KVCacheManagerView:
     def block_pool(self) -> BlockPoolView:
         self.replay_events()
         key, cache_map, tables = self.key, [], self.tables()
-        for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
+        cached = self.pool.cached_block_hash_to_block
+        for block_hash in cached._cache:
             self.raw_keys[key(block_hash)] = block_hash
-            for block in mapped_blocks(value):
+            for block in cached_blocks(cached, block_hash):
                 cache_map.append((*key(block_hash), block.block_id))
         blocks = self.every_block()
         self.touched, self.evicted = set(), set()
@@ -202,9 +210,10 @@ class KVCacheManagerView:
         state_tables = {rid: table for rid, table in self.state_manager.req_to_blocks.items()}
         state_ids = {b.block_id for table in state_tables.values() for b in table if not b.is_null}
         state_map = []
-        for block_hash, value in self.pool.cached_block_hash_to_block._cache.items():
+        cached = self.pool.cached_block_hash_to_block
+        for block_hash in cached._cache:
             if self.v.get_group_id(block_hash) == group:
-                for block in mapped_blocks(value):
+                for block in cached_blocks(cached, block_hash):
                     state_map.append((self.key(block_hash)[0], block.block_id))
                     state_ids.add(block.block_id)
         blocks = []
@@ -272,16 +281,15 @@ class KVCacheManagerView:
         self.replay_events()
         if self.touched is None or self.state_manager is not None:
             return self.snapshot()
-        tables, cache = self.tables(), self.pool.cached_block_hash_to_block._cache
+        tables, cached = self.tables(), self.pool.cached_block_hash_to_block
         current = {NULL_BLOCK, *self.evicted, *table_blocks(tables)}
         blocks = {i: self.block_view(self.pool.blocks[i]) for i in current | self.last_shown}
         keys = self.touched | {block.block_hash for block in blocks.values() if block.block_hash is not None}
         if not keys <= self.raw_keys.keys():  # learn vLLM's own keys from its map (what it holds, not the pool)
-            self.raw_keys.update((self.key(raw), raw) for raw in cache)
+            self.raw_keys.update((self.key(raw), raw) for raw in cached._cache)
         cache_map = []
         for key in keys:
-            value = cache.get(self.raw_keys.get(key))  # a key it never held is in no entry
-            for block in () if value is None else mapped_blocks(value):
+            for block in cached_blocks(cached, self.raw_keys.get(key)):  # a key it never held is in no entry
                 cache_map.append((*key, block.block_id))
                 current.add(block.block_id)
                 if block.block_id not in blocks:
