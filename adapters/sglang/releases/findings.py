@@ -116,6 +116,10 @@ FINDINGS = (
     # releases out. The Rust core's tree cannot be walked.
     Finding("pd-tail-not-rounded", "bug", "0.5.23", "0.5.23", None, ("python",), ("I10",),
             says="new leaf with live SWA", vector="vectors/divergences/sglang/SGL-11.jsonl"),
+    # a PD admission's checkpoint releases the SWA lock its match gave back already (found by the matrix)
+    Finding("pd-swa-lock-released-twice", "bug", "0.5.19", "0.5.19", "0.5.20", ("python",), ("I11",),
+            unless=("early-swa-unlock",), says="SWA lock segment",
+            vector="vectors/regressions/sglang/pd-swa-lock-released-twice.jsonl"),
     # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
     Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),
             by_default=(), knobs=("early-swa-unlock",), says="SWA lock segment|SWA-locked node",
