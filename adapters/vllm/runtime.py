@@ -46,7 +46,6 @@ def vllm() -> types.SimpleNamespace:
             MambaSpec,
             SlidingWindowSpec,
         )
-        from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
     except ImportError as error:
         raise VllmMissing(f"cannot import vLLM's KV cache manager ({error}); install it with "
@@ -62,4 +61,4 @@ def vllm() -> types.SimpleNamespace:
         SlidingWindowManager=SlidingWindowManager, FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec, SlidingWindowSpec=SlidingWindowSpec, MambaSpec=MambaSpec,
         MambaManager=MambaManager, Scheduler=Scheduler, Request=Request,
-        RequestStatus=RequestStatus, ModelRunnerOutput=ModelRunnerOutput)
+        RequestStatus=RequestStatus)

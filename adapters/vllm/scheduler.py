@@ -35,7 +35,6 @@ as ended by the scheduler (Preempted.ABORT).
 """
 
 from collections.abc import Sequence
-from dataclasses import fields
 
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.pages import pages_for
@@ -44,7 +43,7 @@ from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 
 from .runtime import vllm
-from .scheduler_probe import build_scheduler, make_request
+from .scheduler_probe import build_scheduler, make_request, runner_output
 from .view import KVCacheManagerView
 
 
@@ -187,10 +186,7 @@ class VllmScheduler:
     def update(self, step) -> None:
         """The step's outputs, every row at once, as the model runner returns them."""
         rids = list(step.num_scheduled_tokens)
-        output = vllm().ModelRunnerOutput
-        rows = {"req_id_to_index": {rid: i for i, rid in enumerate(rids)}} \
-            if "req_id_to_index" in {field.name for field in fields(output)} else {}  # 0.34.0 derives it from req_ids
-        runner = output(req_ids=rids, sampled_token_ids=[self.answers[rid] for rid in rids], **rows)
+        runner = runner_output(rids, [self.answers[rid] for rid in rids])
         self.step, self.answers = None, {}
         for outputs in self.scheduler.update_from_output(step, runner).values():
             for output in outputs.outputs:

@@ -193,8 +193,6 @@ def step(scheduler, sampled: dict[str, list[int]]):
     caller gave none. A request in the middle of its prefill samples nothing, as vLLM's
     model runner discards those tokens: what the caller gave for it, or for a request not
     scheduled, is not used (`engine_core_outputs` show what was)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     for rid, tokens in sampled.items():
         if len(tokens) > 1:  # checked before schedule(), so a refusal leaves the scheduler as it was
             raise ValueError(f"{rid}: one sampled token per step (no speculative decoding), got {tokens}")
@@ -205,6 +203,24 @@ def step(scheduler, sampled: dict[str, list[int]]):
         request = scheduler.requests[rid]
         samples = request.num_computed_tokens >= request.num_tokens  # schedule() has added the step's tokens
         tokens.append(list(sampled.get(rid) or [FILLER_TOKEN]) if samples else [])
-    runner_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                                      sampled_token_ids=tokens)
-    return scheduler_output, scheduler.update_from_output(scheduler_output, runner_output)
+    return scheduler_output, scheduler.update_from_output(scheduler_output, runner_output(req_ids, tokens))
+
+
+def runner_output(req_ids: list[str], sampled_token_ids: list[list[int]]):
+    """The model runner's output of one step: a row per request, in `req_ids`' order. Up to
+    0.33.0 it also carries each request's row (`req_id_to_index`); 0.34.0 derives the rows
+    from `req_ids` and has no such field."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    rows = {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}} if carries_rows() else {}
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, **rows)
+
+
+@cache
+def carries_rows() -> bool:
+    """Whether this release's ModelRunnerOutput has the field `req_id_to_index` (read once)."""
+    from dataclasses import fields
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return "req_id_to_index" in {field.name for field in fields(ModelRunnerOutput)}
