@@ -67,3 +67,35 @@ def test_an_adapter_declares_built_for_as_one_value_and_is_refused_where_it_does
         load_adapter(f"{__name__}:Declared")
     Declared.built_for = BuiltFor("pytest", (installed_version("pytest"),))
     assert load_adapter(f"{__name__}:Declared").name == "declared"
+
+
+# -- the adapter's own fault (built_for.adapter_fault) ----------------------------------------
+
+@pytest.mark.parametrize("adapter, what", [
+    ("READS_A_GONE_ATTRIBUTE", "reads `TwoPoolEngine.block_hashes`, which it does not have"),
+    ("CALLS_AN_OLD_SIGNATURE", "makes a call whose arguments the callee no longer takes"),
+    ("IMPORTS_A_MOVED_NAME", "imports from `kvspec.reference.engine` what it does not have"),
+])
+def test_a_stale_adapter_is_the_adapters_fault_with_the_installed_release_never_the_engines_crash(tmp_path, adapter,
+                                                                                                 what):
+    done = check_stale(tmp_path, adapter)
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    assert f"the adapter's own fault, not the reference's: its code (stale_adapters.py:" in message, message
+    assert what in message and f"the reference {installed_version('kvspec')} (installed;" in message, message
+    assert "CRASHED" not in done.stdout and "ERROR" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("adapter", ["UNPINNED_READS_A_GONE_ATTRIBUTE", "BROKEN_ENGINE"])
+def test_what_the_engine_raises_and_what_an_unpinned_adapter_raises_stay_crashes(tmp_path, adapter):
+    done = check_stale(tmp_path, adapter)  # an adapter that names no engine release; the engine's own code raising
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "CRASHED" in done.stdout and "own fault" not in done.stderr, done.stdout + done.stderr
+
+
+def check_stale(folder: Path, adapter: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent),
+                                                                     os.environ.get("PYTHONPATH"))))}
+    return subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", f"stale_adapters:{adapter}",
+                           "--profile", "quick", "--seed", "0", "-n", "1", "--run", "engine P=1 W=3", "--no-shrink"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False)

@@ -11,8 +11,12 @@ the install command of a supported one. Nothing of the engine is imported: the i
 version is read from the package's metadata.
 """
 
+import re
+import traceback
+import types
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from pathlib import Path
 
 from . import families
 
@@ -61,3 +65,73 @@ def release_problem(built_for: BuiltFor, adapter: str) -> str | None:
     return (f"adapter {adapter!r} drives {engine} {supported}, but {engine} {installed} is installed. An adapter "
             f"reads its engine's internals, which move between releases, so a run here would judge the adapter, "
             f"not {engine}: nothing was run. {instead}")
+
+
+# -- the adapter's own fault -----------------------------------------------------------------
+
+SIGNATURE = re.compile(r"unexpected keyword argument|missing \d+ required|takes \d+ positional|"
+                       r"positional arguments? but|takes no arguments")
+"""How Python words a call whose arguments do not fit the callee's signature (a TypeError
+raised at the caller's line, before the callee runs)."""
+
+
+def adapter_fault(error: BaseException | None, adapter) -> str | None:
+    """One paragraph saying that `error`, raised during a run, is the adapter's own fault, not
+    the engine's, or None. It is where the adapter's code reads the engine in a way the
+    installed release does not allow: its innermost frame is the adapter's, and it is an
+    attribute the engine's object lacks (AttributeError), a call whose arguments the engine's
+    function no longer takes (TypeError), or a name the engine's module no longer has
+    (ImportError). Only for an adapter that says which engine it drives (`built_for`):
+    anything else raised, and anything an engine raises in its own code, stays the engine's."""
+    built_for = getattr(adapter, "built_for", None)
+    if error is None or built_for is None or not isinstance(error, AttributeError | TypeError | ImportError):
+        return None
+    frame = innermost(error)
+    if frame is None or not of_the_adapter(frame.f_globals.get("__name__", ""), adapter):
+        return None
+    engine_modules = top_level_modules(built_for.distribution)
+    if isinstance(error, AttributeError):
+        owner = type(error.obj).__module__ if hasattr(error, "obj") else ""
+        if isinstance(error.obj, types.ModuleType):
+            owner = error.obj.__name__
+        if owner.split(".")[0] not in engine_modules:
+            return None
+        what = f"reads `{type(error.obj).__name__}.{error.name}`, which it does not have"
+        if isinstance(error.obj, types.ModuleType):
+            what = f"reads `{error.obj.__name__}.{error.name}`, which it does not have"
+    elif isinstance(error, ImportError):
+        if (error.name or "").split(".")[0] not in engine_modules:
+            return None
+        what = f"imports from `{error.name}` what it does not have"
+    elif SIGNATURE.search(str(error)):
+        what = "makes a call whose arguments the callee no longer takes"
+    else:
+        return None
+    engine = built_for.shown_as or built_for.distribution
+    installed = installed_version(built_for.distribution)
+    where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+    return (f"the adapter's own fault, not {engine}'s: its code ({where}) {what} in {engine} {installed} (installed; "
+            f"the adapter was built for {', '.join(built_for.versions)}): {type(error).__name__}: {error}. The "
+            f"adapter must be updated for this release (README, \"A new engine release\").")
+
+
+def innermost(error: BaseException):
+    """The frame that raised `error`, past the import machinery's own."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)
+              if not frame.f_code.co_filename.startswith("<frozen")]
+    return frames[-1] if frames else None
+
+
+def of_the_adapter(module: str, adapter) -> bool:
+    """Whether `module` is the adapter's code: its own package (`kvspec.adapters.vllm` for
+    kvspec's built-in adapters of vLLM; an outside adapter's top-level package)."""
+    parts = adapter.home.split(".")
+    root = ".".join(parts[:3]) if parts[:2] == ["kvspec", "adapters"] else parts[0]
+    return bool(root) and (module == root or module.startswith(root + "."))
+
+
+def top_level_modules(distribution: str) -> set[str]:
+    """The modules `import` reaches of an installed distribution ("tokenspeed-scheduler" ->
+    its package's name)."""
+    names = {module for module, owners in packages_distributions().items() if distribution in owners}
+    return names or {distribution.replace("-", "_")}

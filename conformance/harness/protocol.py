@@ -50,6 +50,7 @@ import importlib
 import inspect
 import os
 import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -137,6 +138,10 @@ class Declaration:
     """(version, capabilities) of the versions whose engines have other capabilities."""
     tiers: frozenset[Tier] = frozenset()
     """The tiers it has a factory for."""
+    built_for: BuiltFor | None = None
+    """The engine releases it drives (built_for.py), where it drives a real engine."""
+    home: str = ""
+    """The module that defines it: its package is the adapter's own code (built_for.adapter_fault)."""
     chunk_release: bool = True
     """Whether its engines release a chunked prefill's out-of-window SWA (the policy's
     `chunk_release`, WIN-4): the policy its runs are checked against."""
@@ -336,8 +341,16 @@ def validate(candidate: Any, spec: str) -> Adapter:
     return Adapter(name, version, frozenset(map(Capability, capabilities)), model, frozenset(observables), spec,
                    preload, (version, *(v for v in versions if v != version)),
                    tuple((PolicyVersion(v), frozenset(map(Capability, c))) for v, c in version_capabilities.items()),
+                   built_for=built_for, home=home_of(candidate),
                    chunk_release=chunk_release, make_allocator=factories[Tier.ALLOCATOR],
                    make_engine=factories[Tier.ENGINE], make_scheduler=factories[Tier.SCHEDULER])
+
+
+def home_of(candidate: Any) -> str:
+    """The module that defines an adapter (a class, a module, or an instance)."""
+    if isinstance(candidate, types.ModuleType):
+        return candidate.__name__
+    return getattr(candidate if isinstance(candidate, type) else type(candidate), "__module__", "") or ""
 
 
 def missing_operations(instance: Any, operations: tuple[str, ...]) -> list[str]:

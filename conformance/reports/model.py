@@ -38,7 +38,8 @@ REPORT_SCHEMA_ID = "https://kvspec.dev/schemas/report/2"
 TIERS = ("allocator", "engine", "scheduler")
 VERDICTS = ("ok", "violated", "crashed", "hung", "error")
 """error: the adapter could not build the implementation of this run (an AdapterError in
-its worker); the other runs' verdicts stand."""
+its worker), or its own code failed reading the engine (an attribute gone, a signature
+changed: harness/built_for.adapter_fault); the other runs' verdicts stand."""
 FAILED = ("violated", "crashed", "hung")
 """The verdicts that are a failure of the implementation (exit status 1)."""
 INTERRUPTS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}

@@ -37,6 +37,7 @@ from kvspec.spec.scheduler import SchedulerConfig
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import Policy
 
+from ..harness.built_for import adapter_fault
 from ..harness.checks import StepFailure
 from ..harness.declarations import Capability
 from ..harness.differential import ComparedFailure
@@ -287,11 +288,16 @@ def failed(job: Job, machine, adapter: Adapter, error: BaseException) -> dict:
         trace = replace(trace, steps=(*trace.steps[:-1], replace(trace.steps[-1], violated=("crashed",))))
     path, note = save(trace, job, load_adapter(other) if other else adapter)
     kind = failure.kind if failure else "crashed"
+    raised = error.__cause__ if failure is not None else error
+    if kind == "crashed" and (fault := adapter_fault(raised, adapter)):  # release day: not the engine's crash
+        return {"verdict": "error", "clauses": [], "message": fault + note, "trace": path,
+                "trace_steps": len(trace.steps) if path else None, "replay_adapter": other,
+                "counterexample": trace, "raised": raised}
     return {"verdict": "crashed" if kind == "crashed" else "violated",
             "clauses": list(failure.clauses) if failure and failure.clauses else (["OBS-3"] if kind == "diverged" else []),
             "message": (str(error) if failure else f"{type(error).__name__}: {error}") + note,
             "trace": path, "trace_steps": len(trace.steps) if path else None, "replay_adapter": other,
-            "counterexample": trace, "raised": error.__cause__ if failure is not None else error}
+            "counterexample": trace, "raised": raised}
 
 
 def tallies(machine) -> dict:
