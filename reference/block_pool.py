@@ -35,7 +35,10 @@ class KvEvent:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, device: str | torch.device = "cpu"):
+    def __init__(self, num_blocks: int, device: str | torch.device = "cpu", uncached_first: bool = True):
+        self.uncached_first = uncached_first
+        """[BLOCK-10] The policy's: a release queues the blocks it frees without a key at the
+        head; off, every block it frees at the tail."""
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         self.ref_cnt = torch.zeros(num_blocks, dtype=torch.int64, device=self.device)
@@ -100,7 +103,8 @@ class BlockPool:
         for block in ordered:
             self.ref_cnt[block] -= 1
             if int(self.ref_cnt[block]) == 0:
-                (cached if int(self.key_group[block]) >= 0 else uncached).append(block)
+                keyed = int(self.key_group[block]) >= 0 or not self.uncached_first
+                (cached if keyed else uncached).append(block)
         if uncached:
             self.head -= len(uncached)
             self.place(uncached, self.head)

@@ -126,7 +126,8 @@ class BlockPoolEngine:
         self.bs = config.page_size
         self.window = config.window
         self.retention = PREFIX_CACHE_RETENTION[config.policy.version]
-        self.pool = BlockPool((config.size_full + config.size_swa) // self.bs + 1, device)
+        self.pool = BlockPool((config.size_full + config.size_swa) // self.bs + 1, device,
+                              config.policy.uncached_first)
         self.max_blocks = pages_for(config.size_full, self.bs) + 1
         self.requests: dict[str, BlockRequest] = {}
         self.waiting: dict[str, BlockRequest] = {}

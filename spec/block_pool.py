@@ -325,7 +325,8 @@ def reference_count_violations(now: BlockPoolSnapshot) -> list[Violation]:
 
 @invariant("BLOCK-3", "ownership")
 def null_block_violations(now: BlockPoolSnapshot) -> list[Violation]:
-    """[BLOCK-3] The null block is never free, never cached and never counted; it stands
+    """[BLOCK-3] The null block is never free, never cached and never counted (where the
+    policy keeps its count: null_block_counted); it stands
     only in sliding-window tables, and only as a prefix of one."""
     view = now.block_pool
     found = []
@@ -334,7 +335,7 @@ def null_block_violations(now: BlockPoolSnapshot) -> list[Violation]:
         found.append(Violation("BLOCK-3", "the null block is in the free queue"))
     if null.block_hash is not None or any(entry[2] == NULL_BLOCK for entry in view.cache_map):
         found.append(Violation("BLOCK-3", "the null block is in the prefix cache"))
-    if null.ref_cnt != 0:
+    if null.ref_cnt != 0 and now.config.policy.null_block_counted:
         found.append(Violation("BLOCK-3", f"the null block has ref count {null.ref_cnt}"))
     for request in view.requests:
         for group, table in enumerate(request.tables):
@@ -529,13 +530,15 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
     """[BLOCK-10] From one view of the free queue to the next: the blocks free in both keep
     their order; an allocation took its new blocks from the head; a release put the blocks
     it freed without a key before every block that was free, and those with a key after
-    every one, in `release_order`; an eviction dropped the keys of each group's least
+    every one, in `release_order` (without the policy's `uncached_first`, every block it
+    freed after every one, in `release_order`); an eviction dropped the keys of each group's least
     recently used cached free blocks. Which uncached blocks stand at the head, and in what
     order, is open. (A partial view shows free blocks by id, not in queue order: not read.)"""
     before, after = previous.block_pool, now.block_pool
     if isinstance(before.blocks, PartialBlocks) or isinstance(after.blocks, PartialBlocks):
         return []
     found = []
+    uncached_first = now.config.policy.uncached_first  # else every freed block goes to the tail, as a cached one
     position = {block: index for index, block in enumerate(before.free_queue)}
     still = [block for block in after.free_queue if block in position]
     if still != sorted(still, key=position.__getitem__):
@@ -545,7 +548,7 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
     for index, block in enumerate(after.free_queue):
         if block in position:
             continue
-        cached = after.blocks[block].block_hash is not None
+        cached = after.blocks[block].block_hash is not None or not uncached_first
         if cached and old_at and index < old_at[-1]:
             found.append(Violation("BLOCK-10", f"block {block} was freed with a key but stands before block "
                                                f"{after.free_queue[old_at[-1]]}, which was free already: a cached "
@@ -558,8 +561,8 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
     released = [block for rid, tables in sorted(tables_of(before).items())
                 for block in release_order(tables, current.get(rid, ()))]
     rank = {block: index for index, block in enumerate(released)}
-    freed = [block for block in after.free_queue
-             if block not in position and block in rank and after.blocks[block].block_hash is not None]
+    freed = [block for block in after.free_queue if block not in position and block in rank
+             and (after.blocks[block].block_hash is not None or not uncached_first)]
     if freed != sorted(freed, key=rank.__getitem__):
         found.append(Violation("BLOCK-10", f"the cached blocks a release freed are queued as {freed}, not in release "
                                            f"order {[b for b in released if b in set(freed)]} (each table from its "

@@ -82,6 +82,15 @@ class Policy:
     prompt keeps the SWA of every chunk until decode eviction or the tree frees it:
     SGLang's legacy tree, and its unified tree with
     SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS off (the default up to 0.5.17)."""
+    null_block_counted: bool = True
+    """[BLOCK-3] Whether a shared block pool keeps its null block's reference count at 0.
+    Off, the count is not maintained: vLLM before 0.33 decrements it at every free of a
+    table that holds the null block and raises it at every hit that adopts one (its
+    `block_pool.py` says so where it makes the null block), and nothing reads it."""
+    uncached_first: bool = True
+    """[BLOCK-10] Whether a shared block pool's release puts the blocks it frees without a
+    key at the free queue's head, to be reused first (vLLM from 0.24), or every block it
+    frees at the tail, in release order, cached or not (vLLM before 0.24)."""
 
     def __post_init__(self):
         # a trace names its version by string: hold the member, so that it knows its model
@@ -108,6 +117,9 @@ def validate_window_config(window: int, page_size: int, policy: Policy) -> list[
         problems.append(f"decode_eviction_interval must be >= 1 (got {policy.decode_eviction_interval})")
     if not isinstance(policy.chunk_release, bool):
         problems.append(f"chunk_release must be true or false (got {policy.chunk_release!r})")
+    for name in ("null_block_counted", "uncached_first"):
+        if not isinstance(getattr(policy, name), bool):
+            problems.append(f"{name} must be true or false (got {getattr(policy, name)!r})")
     return problems
 
 

@@ -298,6 +298,20 @@ def test_null_block_counted():
     assert reported(broken) == {"BLOCK-3"}
 
 
+def test_a_null_block_count_the_policy_does_not_keep_is_not_read_but_the_rest_of_block_3_is():
+    """[BLOCK-3] Where the policy does not keep the null block's count (vLLM before 0.33,
+    null_block_counted off), a count of -1 (a free of a table holding it, as those releases
+    do) says nothing; the null block on the free queue still breaks the clause."""
+    unkept = EngineConfig(page_size=BS, window=W, size_full=8 * BS, size_swa=4 * BS,
+                          policy=Policy(VLLM_0_33, null_block_counted=False))
+    counted = with_block(pool_view(), NULL_BLOCK, ref_cnt=-1)
+    assert null_block_violations(replace(engine_snapshot(counted), config=unkept)) == []
+    assert messages(null_block_violations, counted) == ["the null block has ref count -1"]
+    freed = replace(counted, free_queue=(12, 11, NULL_BLOCK))
+    assert [v.message for v in null_block_violations(replace(engine_snapshot(freed), config=unkept))] == [
+        "the null block is in the free queue"]
+
+
 def test_null_block_in_a_full_attention_table():
     """[BLOCK-3] r1's full table released [0, 4) as if it were sliding-window (block 1 now
     held by r2 only): full attention reads every token."""

@@ -31,6 +31,7 @@ from kvspec.spec.block_pool import (
     swa_block_bound,
     swa_block_cached,
     swa_hit_run,
+    tables_of,
     uncached_full_block_violations,
 )
 from kvspec.spec.invariants import engine_violations
@@ -319,6 +320,48 @@ def test_released_blocks_queued_at_the_wrong_end_or_out_of_release_order():
         previous, step, with_queue(now, [*old[:1], *uncached, *old[1:], *cached]))[0].message
     assert "not in release order" in eviction_order_violations(
         previous, step, with_queue(now, [*uncached, *old, *cached[::-1]]))[0].message
+
+
+def test_without_uncached_first_a_release_queues_every_block_at_the_tail_in_release_order():
+    """[BLOCK-10] Under a policy without `uncached_first` (vLLM before 0.24) a release must
+    queue the blocks it frees without a key at the tail too, in release order: the head
+    placement the default policy asks for is reported, and so is a freed block out of
+    release order, keyed or not; every freed block at the tail in release order is not."""
+    def unkept(snapshot):
+        return replace(snapshot, config=replace(snapshot.config, policy=replace(snapshot.config.policy,
+                                                                                uncached_first=False)))
+    previous, step, now = step_of(recorded(), "finish", "A")
+    previous, now = unkept(previous), unkept(now)
+    old = [b for b in now.block_pool.free_queue if b in previous.block_pool.free_queue]
+    new = [b for b in now.block_pool.free_queue if b not in previous.block_pool.free_queue]
+    uncached = [b for b in new if now.block_pool.blocks[b].block_hash is None]
+    assert uncached and "goes to the tail" in eviction_order_violations(previous, step, now)[0].message
+    assert eviction_order_violations(previous, step, with_queue(now, [*old, *new])) != []  # not in release order
+    in_order = [b for b in release_order_of(previous, now) if b in set(new)]
+    assert eviction_order_violations(previous, step, with_queue(now, [*old, *in_order])) == []
+
+
+def test_the_reference_without_uncached_first_conforms():
+    """[BLOCK-10] The reference built under that policy passes every check on its own steps."""
+    config = EngineConfig(4, 7, 128, 64, 4, Policy(VLLM_0_33_DENSE, 4, uncached_first=False))
+    s = Stepper(BlockPoolEngine(config, "cpu"))
+    s("admit", "A", PROMPT)
+    for _ in range(4):
+        s("prefill_chunk", "A", 8, 1)
+    s("decode", "A", 1)
+    s("admit", "B", [*PROMPT[:20], 4, 4])
+    s("prefill_chunk", "B", 8, 1)
+    s("finish", "A", 0)
+    previous, step, now = s.steps[-1]
+    new = [b for b in now.block_pool.free_queue if b not in previous.block_pool.free_queue]
+    assert any(now.block_pool.blocks[b].block_hash is None for b in new)
+    assert now.block_pool.free_queue[-len(new):] == tuple(new)  # every freed block at the tail
+
+
+def release_order_of(previous, now) -> list[int]:
+    current = tables_of(now.block_pool)
+    return [block for rid, tables in sorted(tables_of(previous.block_pool).items())
+            for block in release_order(tables, current.get(rid, ()))]
 
 
 def test_an_allocation_that_skips_the_head():

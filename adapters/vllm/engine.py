@@ -86,11 +86,7 @@ class VllmEngine(KVCacheManagerView):
             # vLLM's own sizing of a request's states in align mode (MambaSpec.max_memory_usage_bytes)
             self.state_blocks_per_request = (2 + self.state_spec.num_speculative_blocks
                                              + self.state_spec.num_prefill_checkpoint_blocks)
-        self.watch(v.KVCacheManager(
-            v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                            prefix_cache_retention_interval=retention),
-            max_model_len=config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=bs,
-            enable_caching=True, enable_kv_cache_events=True))
+        self.watch(self.build_manager(groups, retention, scheduler_bs))
         self.contents: dict[int, StateValue | None] = {}
         """[STATE-11] Block id -> what the state the model last wrote into it has read."""
         self.last_entry: dict[str, int | None] = {}
@@ -104,6 +100,28 @@ class VllmEngine(KVCacheManagerView):
         self.decode_steps: dict[str, int] = {}
         self.finished_prefill: set[str] = set()
         self.retracted: dict[str, object] = {}
+
+    def build_manager(self, groups: list, retention: int | None, scheduler_bs: int):
+        """vLLM's KVCacheManager over `groups`, as its engine builds it (a release's shim
+        builds it the way that release does: releases/api_*.py)."""
+        v = self.v
+        return v.KVCacheManager(
+            v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                            prefix_cache_retention_interval=retention),
+            max_model_len=self.config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=self.bs,
+            enable_caching=True, enable_kv_cache_events=True)
+
+    def prefix_hit(self, req) -> tuple[object, int]:
+        """`get_computed_blocks`: the hit's blocks and its tokens. The scheduler keeps the
+        junction where a group cached more than the hit: sparse retention caches the window's
+        tail there too (Scheduler.schedule, shared_prefix_boundary, from 0.26.0)."""
+        hit_blocks, hit, req.shared_prefix_boundary = self.manager.get_computed_blocks(req)
+        return hit_blocks, hit
+
+    def adopt_hit(self, rid: str, req, hit: int, hit_blocks) -> bool:
+        """[LIFE-3] Take the prefix hit's blocks at admission: an allocation of no new slot
+        that adopts them (from 0.31.0; before, vLLM refuses one: releases/api_0_29.py)."""
+        return self.allocate(rid, req, 0, hit, hit_blocks)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -210,17 +228,15 @@ class VllmEngine(KVCacheManagerView):
             req = self.retracted[rid]
         else:
             req = v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
-        # the scheduler keeps the junction where a group cached more than the hit: sparse
-        # retention caches the window's tail there too (Scheduler.schedule, shared_prefix_boundary)
-        hit_blocks, hit, req.shared_prefix_boundary = self.manager.get_computed_blocks(req)
-        if hit and not self.allocate(rid, req, 0, hit, hit_blocks):
+        hit_blocks, hit = self.prefix_hit(req)
+        if hit and not self.adopt_hit(rid, req, hit, hit_blocks):
             self.manager.free(req)  # it leaves the waiting queue, as an aborted waiting request
             return self.out_of_memory(pages_for(hit, self.bs))
         self.retracted.pop(rid, None)
         req.status = v.RequestStatus.RUNNING
         req.num_computed_tokens = hit
         self.requests[rid] = req
-        self.allocation[rid] = (hit, hit)
+        self.allocation.setdefault(rid, (hit, hit))  # what adopt_hit allocated, else nothing yet
         self.last_entry[rid] = running_entry(hit, self.state_bs) if hit else None
         self.decode_steps[rid] = 0
         return None

@@ -13,6 +13,10 @@ An adapter is any object (a module, a class, an instance) with these attributes:
                          check runs each model's runs, at its first version listed
     chunk_release        optional: False for an engine whose chunked prefill keeps every
                          chunk's SWA (the policy's chunk_release, spec WIN-4; default True)
+    null_block_counted   optional: False for a shared block pool that does not maintain its
+                         null block's reference count (the policy's, spec BLOCK-3; default True)
+    uncached_first       optional: False for a shared block pool whose releases queue every
+                         freed block at the tail (the policy's, spec BLOCK-10; default True)
     memory_model         optional: the name of the memory model of its policy_version
                          (kvspec.spec.models.MODELS; default "two-pool"); its snapshots are
                          that model's type and only that model's invariants apply
@@ -142,6 +146,10 @@ class Declaration:
     """The engine releases it drives (built_for.py), where it drives a real engine."""
     home: str = ""
     """The module that defines it: its package is the adapter's own code (built_for.adapter_fault)."""
+    null_block_counted: bool = True
+    """Whether its engines keep the null block's reference count at 0 (the policy's, BLOCK-3)."""
+    uncached_first: bool = True
+    """Whether its engines' releases queue uncached blocks at the head (the policy's, BLOCK-10)."""
     chunk_release: bool = True
     """Whether its engines release a chunked prefill's out-of-window SWA (the policy's
     `chunk_release`, WIN-4): the policy its runs are checked against."""
@@ -322,6 +330,11 @@ def validate(candidate: Any, spec: str) -> Adapter:
     chunk_release = attribute("chunk_release", True)
     if not isinstance(chunk_release, bool):
         problems.append(f"chunk_release must be True or False (got {chunk_release!r})")
+    null_block_counted = attribute("null_block_counted", True)
+    uncached_first = attribute("uncached_first", True)
+    for setting, value in (("null_block_counted", null_block_counted), ("uncached_first", uncached_first)):
+        if not isinstance(value, bool):
+            problems.append(f"{setting} must be True or False (got {value!r})")
     factories = {tier: attribute(f"make_{tier}") for tier in Tier}
     if all(factory is None for factory in factories.values()):
         problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size), "
@@ -342,7 +355,8 @@ def validate(candidate: Any, spec: str) -> Adapter:
                    preload, (version, *(v for v in versions if v != version)),
                    tuple((PolicyVersion(v), frozenset(map(Capability, c))) for v, c in version_capabilities.items()),
                    built_for=built_for, home=home_of(candidate),
-                   chunk_release=chunk_release, make_allocator=factories[Tier.ALLOCATOR],
+                   chunk_release=chunk_release, null_block_counted=null_block_counted,
+                   uncached_first=uncached_first, make_allocator=factories[Tier.ALLOCATOR],
                    make_engine=factories[Tier.ENGINE], make_scheduler=factories[Tier.SCHEDULER])
 
 

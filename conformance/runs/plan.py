@@ -42,11 +42,13 @@ class Target:
     capabilities: frozenset[Capability]
     observables: frozenset[str]
     chunk_release: bool = True
+    null_block_counted: bool = True
+    uncached_first: bool = True
 
     @classmethod
     def of(cls, adapter: Declaration) -> "Target":
         return cls(adapter.policy_version, adapter.model, adapter.capabilities, adapter.observables,
-                   adapter.chunk_release)
+                   adapter.chunk_release, adapter.null_block_counted, adapter.uncached_first)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,9 @@ class PlannedRun:
                                      target.model, (FULL, SWA, STATE) if run.state else (FULL, SWA),
                                      pressure=Capability.PREEMPTS_ONLY_WHEN_NEEDED in target.capabilities)
         return engine_machine(implementation.make_engine, run.page_size, run.window,
-                              Policy(target.version, run.interval, target.chunk_release), target.capabilities,
+                              Policy(target.version, run.interval, target.chunk_release, target.null_block_counted,
+                                     target.uncached_first),
+                              target.capabilities,
                               target.observables, shadow=compared, model=target.model, state_grid=run.state_grid)
 
 

@@ -1,0 +1,102 @@
+"""The `vllm@` family: every vLLM release with the hybrid KV cache coordinator, each with
+the prefix-cache retentions it has. A member is `vllm@<release>[+dense]`:
+
+  vllm@0.31.0              the release as its engine runs it: from 0.29.0 the sliding-window
+                           group caches only the blocks a hit at a prompt's end can use
+                           (prefix-cache retention 0, policy vllm-0.33); before, every whole
+                           block (dense retention, vllm-0.33-dense)
+  vllm@0.31.0+dense        dense retention where the engine's default is 0
+  vllm@0.26.0+retention-0  retention 0 where the release has it and dense is the default
+
+The engine tier only, with kvspec's vllm adapter (adapters/vllm/engine.py) for the releases
+whose manager it drives as it is, and a shim per older API generation (api_*.py, GENERATIONS).
+docs/engines/vllm-releases.md has the evidence for every fact here.
+"""
+
+from functools import partial
+
+from kvspec.conformance.harness.declarations import Capability
+from kvspec.conformance.harness.families import Family, PreparedMembers
+from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
+
+from .. import CAPABILITIES
+from .environment import RELEASES, SHELF
+
+GENERATIONS = {
+    # first release of an API generation: the module of its engine shim (releases/api_*.py)
+    "0.20.0": "api_0_20", "0.23.0": "api_0_23", "0.26.0": "api_0_26", "0.29.0": "api_0_29",
+    "0.31.0": None,  # None: adapters/vllm/engine.py itself
+}
+STATE = (Capability.RECURRENT_STATE, Capability.PAGED_RECURRENT_STATE, Capability.RELEASES_STATE_AT_STOP)
+"""What a Mamba group in align mode needs; driven from 0.31.0 (the scheduler's aligned split,
+which the adapter calls, reads other attributes before it)."""
+
+
+def retentions(release: str) -> dict[str, int | None]:
+    """A member's suffix -> its prefix-cache retention (None: dense), the engine's default
+    first: 0 from 0.29.0 (`KVCacheConfig.prefix_cache_retention_interval`, CacheConfig's
+    default 0), dense before; 0.24.0 - 0.28.0 read 0 from the environment (api_0_26.py);
+    before 0.24.0 every whole block is cached, the only retention."""
+    if key(release) >= (0, 29, 0):
+        return {"": 0, "+dense": None}
+    return {"": None, "+retention-0": 0} if key(release) >= (0, 24, 0) else {"": None}
+
+
+def key(release: str) -> tuple[int, ...]:
+    return tuple(map(int, release.split(".")))
+
+
+def generation(release: str) -> str | None:
+    """The first release of `release`'s API generation, or None where kvspec has no shim for it."""
+    return max((first for first in GENERATIONS if key(first) <= key(release)), key=key, default=None)
+
+
+def engine_class(release: str):
+    module = GENERATIONS[generation(release)]
+    if module is None:
+        from ..engine import VllmEngine
+        return VllmEngine
+    from importlib import import_module
+    # each shim names its engine after its generation: api_0_20 defines Engine_0_20
+    return getattr(import_module(f"{__package__}.{module}"), "Engine" + module.removeprefix("api"))
+
+
+def make_engine(config, release: str, retention: int | None):
+    SHELF.activate(release)
+    return engine_class(release)(config, retention=retention)
+
+
+def member(release: str, suffix: str) -> type:
+    name = f"vllm@{release}{suffix}"
+    retention = retentions(release)[suffix]
+    return type(name.replace("@", "_").replace(".", "_").replace("+", "_"), (), dict(
+        __doc__=f"vLLM {release}, prefix-cache retention {retention}", name=name, release=release,
+        retention=retention, policy_version=VLLM_0_33_DENSE if retention is None else VLLM_0_33,
+        null_block_counted=key(release) >= (0, 33, 0),  # BLOCK-3: 0.33.0 skips the null block in free_blocks
+        uncached_first=key(release) >= (0, 24, 0),  # BLOCK-10: 0.24.0's free_blocks prepends the uncached
+        memory_model="block-pool", observables=("rows", "block_pool"),
+        capabilities=tuple(c for c in CAPABILITIES if key(release) >= (0, 31, 0) or c not in STATE),
+        preload=("kvspec.adapters.vllm.releases.preload",),
+        make_engine=staticmethod(partial(make_engine, release=release, retention=retention))))
+
+
+def members() -> dict[str, type]:
+    return {adapter.name.removeprefix("vllm@"): adapter for release in RELEASES if generation(release)
+            for adapter in (member(release, suffix) for suffix in retentions(release))}
+
+
+MEMBERS = PreparedMembers(members(), lambda adapter: SHELF.activate(adapter.release))
+"""Looking a member up makes its release this process's vLLM (release_shelf.py) before the
+harness starts its forkserver, whose preload activates the same release."""
+
+
+def placement(adapter) -> tuple[str, str]:
+    """A member's release and its line for `kvspec bisect`: its retention."""
+    return adapter.release, "dense" if adapter.retention is None else "retention-0"
+
+
+FAMILY = Family(prefix="vllm@", implementation="vllm", shown_as="vLLM's releases",
+                members_at="kvspec.adapters.vllm.releases.catalog:MEMBERS", seeded=False,
+                install=SHELF.install_command("RELEASE"),
+                versions_at="kvspec.adapters.vllm.releases.environment:RELEASES",
+                placed_at="kvspec.adapters.vllm.releases.catalog:placement")
