@@ -35,10 +35,7 @@ class KvEvent:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, device: str | torch.device = "cpu", uncached_first: bool = True):
-        self.uncached_first = uncached_first
-        """[BLOCK-10] The policy's: a release queues the blocks it frees without a key at the
-        head; off, every block it frees at the tail."""
+    def __init__(self, num_blocks: int, device: str | torch.device = "cpu"):
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         self.ref_cnt = torch.zeros(num_blocks, dtype=torch.int64, device=self.device)
@@ -95,15 +92,15 @@ class BlockPool:
         """How many of `blocks` are free (a hit on them takes them out of the queue)."""
         return int(self.is_free[blocks].sum()) if blocks else 0
 
-    def release(self, ordered: list[int]) -> None:
+    def release(self, ordered: list[int], uncached_first: bool = True) -> None:
         """[BLOCK-2, BLOCK-10] One reference less on each block, in release order; a block
         that no table holds any more is free: at the head of the queue without a key, at
-        the tail with one."""
+        the tail with one (every one at the tail, where the policy does not put the uncached first)."""
         uncached, cached = [], []
         for block in ordered:
             self.ref_cnt[block] -= 1
             if int(self.ref_cnt[block]) == 0:
-                keyed = int(self.key_group[block]) >= 0 or not self.uncached_first
+                keyed = int(self.key_group[block]) >= 0 or not uncached_first
                 (cached if keyed else uncached).append(block)
         if uncached:
             self.head -= len(uncached)

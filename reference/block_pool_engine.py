@@ -126,8 +126,9 @@ class BlockPoolEngine:
         self.bs = config.page_size
         self.window = config.window
         self.retention = PREFIX_CACHE_RETENTION[config.policy.version]
-        self.pool = BlockPool((config.size_full + config.size_swa) // self.bs + 1, device,
-                              config.policy.uncached_first)
+        self.pool = BlockPool((config.size_full + config.size_swa) // self.bs + 1, device)
+        self.uncached_first = config.policy.uncached_first
+        """[BLOCK-10] The groups whose releases queue the blocks they free without a key first."""
         self.max_blocks = pages_for(config.size_full, self.bs) + 1
         self.requests: dict[str, BlockRequest] = {}
         self.waiting: dict[str, BlockRequest] = {}
@@ -236,9 +237,9 @@ class BlockPoolEngine:
             table = request.table(g)
             due = min(released_swa_blocks(processed, self.window, self.bs), len(table))
             if due > null_prefix_length(table):
-                before = [request.table(group) for group in range(len(GROUPS))]
+                before = table  # a list, not a view of the tensor
                 request.tables[g, :due] = NULL_BLOCK
-                self.pool.release(release_order(before, [request.table(group) for group in range(len(GROUPS))]))
+                self.pool.release(release_order((before,), (request.table(g),)), kind in self.uncached_first)
 
     def cache_blocks(self, request: BlockRequest, tokens: int) -> None:
         """[BLOCK-9] Cache the entries `tokens` made whole: every one of the full group, those
@@ -257,8 +258,8 @@ class BlockPoolEngine:
 
     def release(self, request: BlockRequest) -> None:
         """[LIFE-5, BLOCK-10] Give back every block the request holds, in release order."""
-        tables = [request.table(g) for g in range(len(GROUPS))]
-        self.pool.release(release_order(tables, ()))
+        for g, kind in enumerate(GROUPS):  # group by group, in release order (BLOCK-10)
+            self.pool.release(release_order((request.table(g),), ()), kind in self.uncached_first)
         del self.requests[request.rid]
 
     # -- the engine tier ------------------------------------------------------------------------

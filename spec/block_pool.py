@@ -530,15 +530,17 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
     """[BLOCK-10] From one view of the free queue to the next: the blocks free in both keep
     their order; an allocation took its new blocks from the head; a release put the blocks
     it freed without a key before every block that was free, and those with a key after
-    every one, in `release_order` (without the policy's `uncached_first`, every block it
-    freed after every one, in `release_order`); an eviction dropped the keys of each group's least
+    every one, in `release_order` (in a group the policy's `uncached_first` does not name,
+    every block it freed after every one, in `release_order`); an eviction dropped the keys of each group's least
     recently used cached free blocks. Which uncached blocks stand at the head, and in what
     order, is open. (A partial view shows free blocks by id, not in queue order: not read.)"""
     before, after = previous.block_pool, now.block_pool
     if isinstance(before.blocks, PartialBlocks) or isinstance(after.blocks, PartialBlocks):
         return []
     found = []
-    uncached_first = now.config.policy.uncached_first  # else every freed block goes to the tail, as a cached one
+    # a block freed in a group the policy does not name in `uncached_first` goes to the tail, as a cached one
+    tail_anyway = {block for tables in tables_of(before).values() for group, table in enumerate(tables)
+                   if before.groups[group] not in now.config.policy.uncached_first for block in table}
     position = {block: index for index, block in enumerate(before.free_queue)}
     still = [block for block in after.free_queue if block in position]
     if still != sorted(still, key=position.__getitem__):
@@ -548,9 +550,10 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
     for index, block in enumerate(after.free_queue):
         if block in position:
             continue
-        cached = after.blocks[block].block_hash is not None or not uncached_first
+        cached = after.blocks[block].block_hash is not None or block in tail_anyway
         if cached and old_at and index < old_at[-1]:
-            found.append(Violation("BLOCK-10", f"block {block} was freed with a key but stands before block "
+            what = "with a key" if block not in tail_anyway else "(its group queues every freed block at the tail)"
+            found.append(Violation("BLOCK-10", f"block {block} was freed {what} but stands before block "
                                                f"{after.free_queue[old_at[-1]]}, which was free already: a cached "
                                                f"block goes to the tail, after every free block"))
         elif not cached and old_at and index > old_at[0]:
@@ -562,7 +565,7 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
                 for block in release_order(tables, current.get(rid, ()))]
     rank = {block: index for index, block in enumerate(released)}
     freed = [block for block in after.free_queue if block not in position and block in rank
-             and (after.blocks[block].block_hash is not None or not uncached_first)]
+             and (after.blocks[block].block_hash is not None or block in tail_anyway)]
     if freed != sorted(freed, key=rank.__getitem__):
         found.append(Violation("BLOCK-10", f"the cached blocks a release freed are queued as {freed}, not in release "
                                            f"order {[b for b in released if b in set(freed)]} (each table from its "

@@ -87,16 +87,19 @@ class Policy:
     Off, the count is not maintained: vLLM before 0.33 decrements it at every free of a
     table that holds the null block and raises it at every hit that adopts one (its
     `block_pool.py` says so where it makes the null block), and nothing reads it."""
-    uncached_first: bool = True
-    """[BLOCK-10] Whether a shared block pool's release puts the blocks it frees without a
-    key at the free queue's head, to be reused first (vLLM from 0.24), or every block it
-    frees at the tail, in release order, cached or not (vLLM before 0.24)."""
+    uncached_first: tuple[str, ...] = ("full", "swa")
+    """[BLOCK-10] The groups (by kind) whose releases put the blocks they free without a key
+    at the free queue's head, to be reused first; a group's not named queue every block
+    they free at the tail, in release order, cached or not. Every group in vLLM from 0.24,
+    the sliding-window group only in 0.23, none before."""
 
     def __post_init__(self):
         # a trace names its version by string: hold the member, so that it knows its model
         # (an unknown name stays as it is, for validate_window_config to say what is wrong)
         if self.version in POLICY_VERSIONS:
             object.__setattr__(self, "version", PolicyVersion(self.version))
+        if isinstance(self.uncached_first, list):  # as a trace writes it
+            object.__setattr__(self, "uncached_first", tuple(self.uncached_first))
 
     @property
     def supports_prefix_sharing(self) -> bool:
@@ -117,9 +120,10 @@ def validate_window_config(window: int, page_size: int, policy: Policy) -> list[
         problems.append(f"decode_eviction_interval must be >= 1 (got {policy.decode_eviction_interval})")
     if not isinstance(policy.chunk_release, bool):
         problems.append(f"chunk_release must be true or false (got {policy.chunk_release!r})")
-    for name in ("null_block_counted", "uncached_first"):
-        if not isinstance(getattr(policy, name), bool):
-            problems.append(f"{name} must be true or false (got {getattr(policy, name)!r})")
+    if not isinstance(policy.null_block_counted, bool):
+        problems.append(f"null_block_counted must be true or false (got {policy.null_block_counted!r})")
+    if not (isinstance(policy.uncached_first, tuple) and set(policy.uncached_first) <= {"full", "swa"}):
+        problems.append(f"uncached_first must list group kinds, of full and swa (got {policy.uncached_first!r})")
     return problems
 
 

@@ -323,13 +323,13 @@ def test_released_blocks_queued_at_the_wrong_end_or_out_of_release_order():
 
 
 def test_without_uncached_first_a_release_queues_every_block_at_the_tail_in_release_order():
-    """[BLOCK-10] Under a policy without `uncached_first` (vLLM before 0.24) a release must
+    """[BLOCK-10] Under a policy without `uncached_first` (vLLM before 0.23) a release must
     queue the blocks it frees without a key at the tail too, in release order: the head
     placement the default policy asks for is reported, and so is a freed block out of
     release order, keyed or not; every freed block at the tail in release order is not."""
     def unkept(snapshot):
         return replace(snapshot, config=replace(snapshot.config, policy=replace(snapshot.config.policy,
-                                                                                uncached_first=False)))
+                                                                                uncached_first=())))
     previous, step, now = step_of(recorded(), "finish", "A")
     previous, now = unkept(previous), unkept(now)
     old = [b for b in now.block_pool.free_queue if b in previous.block_pool.free_queue]
@@ -341,9 +341,12 @@ def test_without_uncached_first_a_release_queues_every_block_at_the_tail_in_rele
     assert eviction_order_violations(previous, step, with_queue(now, [*old, *in_order])) == []
 
 
-def test_the_reference_without_uncached_first_conforms():
-    """[BLOCK-10] The reference built under that policy passes every check on its own steps."""
-    config = EngineConfig(4, 7, 128, 64, 4, Policy(VLLM_0_33_DENSE, 4, uncached_first=False))
+@pytest.mark.parametrize("groups", [(), ("swa",)])
+def test_the_reference_without_uncached_first_conforms(groups):
+    """[BLOCK-10] The reference built under a policy whose `uncached_first` leaves out the full
+    group (vLLM 0.23.0) or both (before) passes every check on its own steps, and queues a
+    full-attention block freed without a key at the tail."""
+    config = EngineConfig(4, 7, 128, 64, 4, Policy(VLLM_0_33_DENSE, 4, uncached_first=groups))
     s = Stepper(BlockPoolEngine(config, "cpu"))
     s("admit", "A", PROMPT)
     for _ in range(4):
@@ -354,8 +357,11 @@ def test_the_reference_without_uncached_first_conforms():
     s("finish", "A", 0)
     previous, step, now = s.steps[-1]
     new = [b for b in now.block_pool.free_queue if b not in previous.block_pool.free_queue]
-    assert any(now.block_pool.blocks[b].block_hash is None for b in new)
-    assert now.block_pool.free_queue[-len(new):] == tuple(new)  # every freed block at the tail
+    full = set(next(r for r in previous.block_pool.requests if r.rid == "A").tables[0])
+    queue = now.block_pool.free_queue
+    was_free = [queue.index(b) for b in previous.block_pool.free_queue if b in queue]
+    assert any(now.block_pool.blocks[b].block_hash is None and b in full for b in new)
+    assert all(queue.index(b) > max(was_free) for b in new if b in full)  # behind every block free before
 
 
 def release_order_of(previous, now) -> list[int]:

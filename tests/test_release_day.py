@@ -33,6 +33,7 @@ def check_with(folder: Path, adapter: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("adapter, distribution, installed, instead", [
     ("vllm", "vllm", "0.35.0", "install a supported release (pip install --no-deps -r adapters/vllm/requirements.txt)"),
     ("sglang-python", "sglang", "0.5.22", "use its member of SGLang's releases: `--adapter sglang@0.5.22`"),
+    ("vllm-dense", "vllm", "0.27.0", "use its member of vLLM's releases: `--adapter vllm@0.27.0`"),
     ("tokenspeed", "tokenspeed-scheduler", "0.1.43", "install a supported release"),
 ])
 def test_an_unsupported_release_is_exit_2_naming_both_releases_and_what_to_use(tmp_path, adapter, distribution,

@@ -34,7 +34,8 @@ STATE-10..14), at every page size; a finish frees every state block the request 
 Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
 only); the two-pool observables are not shown: one shared block pool is."""
 
-BUILT_FOR = BuiltFor("vllm", ("0.33.0", "0.34.0"), "vLLM", install="pip install --no-deps -r adapters/vllm/requirements.txt")
+BUILT_FOR = BuiltFor("vllm", ("0.33.0", "0.34.0"), "vLLM", family="vllm@",
+                     install="pip install --no-deps -r adapters/vllm/requirements.txt")
 
 
 class VLLM:

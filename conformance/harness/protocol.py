@@ -15,8 +15,9 @@ An adapter is any object (a module, a class, an instance) with these attributes:
                          chunk's SWA (the policy's chunk_release, spec WIN-4; default True)
     null_block_counted   optional: False for a shared block pool that does not maintain its
                          null block's reference count (the policy's, spec BLOCK-3; default True)
-    uncached_first       optional: False for a shared block pool whose releases queue every
-                         freed block at the tail (the policy's, spec BLOCK-10; default True)
+    uncached_first       optional: the group kinds ("full", "swa") whose releases queue the
+                         blocks they free without a key at the head (the policy's, spec
+                         BLOCK-10; default both)
     memory_model         optional: the name of the memory model of its policy_version
                          (kvspec.spec.models.MODELS; default "two-pool"); its snapshots are
                          that model's type and only that model's invariants apply
@@ -148,8 +149,8 @@ class Declaration:
     """The module that defines it: its package is the adapter's own code (built_for.adapter_fault)."""
     null_block_counted: bool = True
     """Whether its engines keep the null block's reference count at 0 (the policy's, BLOCK-3)."""
-    uncached_first: bool = True
-    """Whether its engines' releases queue uncached blocks at the head (the policy's, BLOCK-10)."""
+    uncached_first: tuple[str, ...] = ("full", "swa")
+    """The groups whose releases queue uncached blocks at the head (the policy's, BLOCK-10)."""
     chunk_release: bool = True
     """Whether its engines release a chunked prefill's out-of-window SWA (the policy's
     `chunk_release`, WIN-4): the policy its runs are checked against."""
@@ -331,10 +332,11 @@ def validate(candidate: Any, spec: str) -> Adapter:
     if not isinstance(chunk_release, bool):
         problems.append(f"chunk_release must be True or False (got {chunk_release!r})")
     null_block_counted = attribute("null_block_counted", True)
-    uncached_first = attribute("uncached_first", True)
-    for setting, value in (("null_block_counted", null_block_counted), ("uncached_first", uncached_first)):
-        if not isinstance(value, bool):
-            problems.append(f"{setting} must be True or False (got {value!r})")
+    if not isinstance(null_block_counted, bool):
+        problems.append(f"null_block_counted must be True or False (got {null_block_counted!r})")
+    uncached_first = attribute("uncached_first", ("full", "swa"))
+    if not (isinstance(uncached_first, tuple) and set(uncached_first) <= {"full", "swa"}):
+        problems.append(f"uncached_first must be a tuple of group kinds, of 'full' and 'swa' (got {uncached_first!r})")
     factories = {tier: attribute(f"make_{tier}") for tier in Tier}
     if all(factory is None for factory in factories.values()):
         problems.append("offers no tier: define make_allocator(size_full, size_swa, page_size), "

@@ -222,15 +222,18 @@ def engine_config_json(config: EngineConfig) -> dict[str, Any]:
     leaves the state pool out, so its traces read as they did before chapter 09, and a
     policy with chunk release (WIN-4's default) leaves `chunk_release` out, and one that counts
     the null block (BLOCK-3's default) `null_block_counted`, and one that frees uncached
-    blocks first (BLOCK-10's) `uncached_first`."""
+    blocks first in every group (BLOCK-10's) `uncached_first`."""
     fields = asdict(config)
     if not config.state_slots:
         del fields["state_slots"], fields["state_grid"]
     if config.policy.chunk_release:  # the spec's default: traces read as they did before it was a choice
         del fields["policy"]["chunk_release"]
-    for setting in ("null_block_counted", "uncached_first"):  # the same
-        if getattr(config.policy, setting):
-            del fields["policy"][setting]
+    if config.policy.null_block_counted:  # the same
+        del fields["policy"]["null_block_counted"]
+    if set(config.policy.uncached_first) == {"full", "swa"}:
+        del fields["policy"]["uncached_first"]
+    else:
+        fields["policy"]["uncached_first"] = list(config.policy.uncached_first)
     return fields
 
 

@@ -63,9 +63,10 @@ def at_own_policy(trace: Trace, adapter) -> Trace:
     policy = dict(trace.config["policy"], version=adapter.policy_version)
     if (chunk_release := getattr(adapter, "chunk_release", None)) is not None:
         policy["chunk_release"] = chunk_release
-    for setting in ("null_block_counted", "uncached_first"):  # block-pool settings, written where not the default
-        if getattr(adapter, setting, True) is False:
-            policy[setting] = False
+    if getattr(adapter, "null_block_counted", True) is False:  # block-pool settings, written where not the default
+        policy["null_block_counted"] = False
+    if (uncached_first := tuple(getattr(adapter, "uncached_first", ("full", "swa")))) != ("full", "swa"):
+        policy["uncached_first"] = list(uncached_first)
     return replace(trace, config=dict(trace.config, policy=policy))
 
 

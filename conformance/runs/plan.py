@@ -43,7 +43,7 @@ class Target:
     observables: frozenset[str]
     chunk_release: bool = True
     null_block_counted: bool = True
-    uncached_first: bool = True
+    uncached_first: tuple[str, ...] = ("full", "swa")
 
     @classmethod
     def of(cls, adapter: Declaration) -> "Target":

@@ -15,6 +15,7 @@ docs/engines/vllm-releases.md has the evidence for every fact here.
 
 from functools import partial
 
+from kvspec.conformance.harness.built_for import BuiltFor
 from kvspec.conformance.harness.declarations import Capability
 from kvspec.conformance.harness.families import Family, PreparedMembers
 from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
@@ -66,6 +67,17 @@ def make_engine(config, release: str, retention: int | None):
     return engine_class(release)(config, retention=retention)
 
 
+def uncached_first(release: str) -> tuple[str, ...]:
+    """[BLOCK-10] The groups whose releases queue the blocks they free without a key at the
+    free queue's head: every group from 0.24.0 (`BlockPool.free_blocks` splits them), the
+    sliding-window one in 0.23.0 (its `SlidingWindowManager.free` and window release
+    prepend them, `single_type_kv_cache_manager.py:497-501, 751-764`; the full group's
+    inherited `free` appends every block), none before (`free_blocks` appends)."""
+    if key(release) >= (0, 24, 0):
+        return ("full", "swa")
+    return ("swa",) if key(release) >= (0, 23, 0) else ()
+
+
 def member(release: str, suffix: str) -> type:
     name = f"vllm@{release}{suffix}"
     retention = retentions(release)[suffix]
@@ -73,10 +85,11 @@ def member(release: str, suffix: str) -> type:
         __doc__=f"vLLM {release}, prefix-cache retention {retention}", name=name, release=release,
         retention=retention, policy_version=VLLM_0_33_DENSE if retention is None else VLLM_0_33,
         null_block_counted=key(release) >= (0, 33, 0),  # BLOCK-3: 0.33.0 skips the null block in free_blocks
-        uncached_first=key(release) >= (0, 24, 0),  # BLOCK-10: 0.24.0's free_blocks prepends the uncached
+        uncached_first=uncached_first(release),
         memory_model="block-pool", observables=("rows", "block_pool"),
         capabilities=tuple(c for c in CAPABILITIES if key(release) >= (0, 31, 0) or c not in STATE),
         preload=("kvspec.adapters.vllm.releases.preload",),
+        built_for=BuiltFor("vllm", (release,), "vLLM"),  # its own faults are the adapter's (built_for.adapter_fault)
         make_engine=staticmethod(partial(make_engine, release=release, retention=retention))))
 
 
@@ -85,6 +98,8 @@ def members() -> dict[str, type]:
             for adapter in (member(release, suffix) for suffix in retentions(release))}
 
 
+DRIVEN = tuple(release for release in RELEASES if generation(release))
+"""The releases kvspec drives (with a member each), oldest first."""
 MEMBERS = PreparedMembers(members(), lambda adapter: SHELF.activate(adapter.release))
 """Looking a member up makes its release this process's vLLM (release_shelf.py) before the
 harness starts its forkserver, whose preload activates the same release."""
@@ -98,5 +113,5 @@ def placement(adapter) -> tuple[str, str]:
 FAMILY = Family(prefix="vllm@", implementation="vllm", shown_as="vLLM's releases",
                 members_at="kvspec.adapters.vllm.releases.catalog:MEMBERS", seeded=False,
                 install=SHELF.install_command("RELEASE"),
-                versions_at="kvspec.adapters.vllm.releases.environment:RELEASES",
+                versions_at="kvspec.adapters.vllm.releases.catalog:DRIVEN",
                 placed_at="kvspec.adapters.vllm.releases.catalog:placement")
