@@ -5,7 +5,7 @@ environment. Each release is unpacked alone from its wheel (no dependencies) int
 folder under the shelf's home; everything it imports besides itself comes from kvspec's
 environment, at the pins of the shelf's requirements files. Only the files a release's
 pure-Python paths can read are unpacked (`keeps`): vLLM's wheels are 230-490 MB of
-compiled kernels that the KV cache manager never loads, its Python is about 30 MB.
+compiled kernels that the KV cache manager never loads, its Python 16 - 68 MB.
 Downloaded wheels are deleted once unpacked unless the shelf keeps them (`keep_wheels`);
 an unpacked folder is never downloaded again.
 

@@ -3,8 +3,8 @@ vLLM's shelf (adapters/release_shelf.py).
 
 A release is unpacked from its wheel into its own folder under `KVSPEC_VLLM_RELEASES`
 (default `~/.cache/kvspec/vllm-releases/<release>`). Only vLLM's Python and the data files
-its imports read (`.json`, `.jinja`) are kept, about 25-30 MB a release (the whole history
-about 1.2 GB); the compiled kernels (`.so`, 200-450 MB a wheel) and their headers are
+its imports read (`.json`, `.jinja`) are kept, 16 - 68 MB a release with the bytecode its
+imports write (all 41: 1.3 GB); the compiled kernels (`.so`, 200-450 MB a wheel) and their headers are
 never unpacked, since the KV cache manager is pure Python and loads none of them. The
 wheel is deleted once unpacked. Everything vLLM imports besides itself comes from kvspec's
 environment, at the pins of `adapters/vllm/requirements.txt`, plus what older releases
