@@ -38,6 +38,8 @@ REPRODUCTIONS = {
     "checkpoint-short-rematch-pd.py": ("0.5.22", "0.5.23", "check_one_owner"),  # reached by a PD admission
     # not fixed in any release; its Rust tree core is checked by test_the_pd_tail_shows_on_the_rust_core_too
     "pd-tail-not-rounded.py": ("0.5.23", None, "check_checkpoint_matches"),
+    # 0.5.20 calls the lock another name: the trace written for 0.5.20 passes there (the finding's fix_calls_differ)
+    "pd-swa-lock-released-twice.py": ("0.5.19", "0.5.20", "check_swa_locks_held"),
 }
 
 
@@ -131,10 +133,20 @@ def test_a_reproduction_fails_where_its_bug_shipped(name):
 
 
 @pytest.mark.parametrize("name", sorted(name for name, (_, fixed, _) in REPRODUCTIONS.items() if fixed))
-def test_a_reproduction_passes_where_its_bug_is_fixed(name):
+def test_a_reproduction_passes_where_its_bug_is_fixed(name, tmp_path):
+    """Where the fixing release calls what the adapter plays differently (the docstring says
+    so), the same trace written for it must pass there."""
     _, fixed, _ = REPRODUCTIONS[name]
     require_release(fixed)
-    done = run(FOLDER / name, fixed)
+    path = FOLDER / name
+    if "the same trace written for it" in " ".join(path.read_text().split()):
+        trace, _ = written_from(path)
+        path = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "kvspec.adapters.sglang.releases", "reproduce", trace,
+                               "--member", f"sglang@{fixed}", "--out", str(path)], cwd=ROOT, check=False,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    done = run(path, fixed)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip().endswith(f"SGLang {fixed}: every check held")
 

@@ -46,6 +46,10 @@ class Finding:
     vectors/regressions/sglang/, or the trace of the known divergence a bug is also
     recorded as (vectors/divergences/sglang/); its header's `violates` is `clauses`. Every
     bug has one; a divergence may, to pin which members keep it."""
+    fix_calls_differ: str = ""
+    """Where the fixing release calls what the adapter plays differently (an attribute
+    renamed), so that the reproduction recorded on an affected release cannot run there: how
+    they differ. Its trace written for the fixing release passes there instead."""
 
     def reaches(self, release: str, knobs: tuple[str, ...] | list[str]) -> bool:
         """Whether a member of `release` with `knobs` turned has it (any tree it names)."""
@@ -119,7 +123,8 @@ FINDINGS = (
     # a PD admission's checkpoint releases the SWA lock its match gave back already (found by the matrix)
     Finding("pd-swa-lock-released-twice", "bug", "0.5.19", "0.5.19", "0.5.20", ("python",), ("I11",),
             unless=("early-swa-unlock",), says="SWA lock segment",
-            vector="vectors/regressions/sglang/pd-swa-lock-released-twice.jsonl"),
+            vector="vectors/regressions/sglang/pd-swa-lock-released-twice.jsonl",
+            fix_calls_differ="a request's SWA lock is `req.lock_receipt` there, `req.swa_uuid_for_lock` in 0.5.19"),
     # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
     Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),
             by_default=(), knobs=("early-swa-unlock",), says="SWA lock segment|SWA-locked node",

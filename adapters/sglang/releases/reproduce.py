@@ -90,6 +90,10 @@ def docstring(recording: Recording, trace_path: Path, out: Path) -> str:
             f" (fixed in {finding.fixed_in})" if finding.fixed_in else "") + ", shown with SGLang alone."
         verdict = f"It fails on SGLang {release}" + (
             f" and passes on {finding.fixed_in}, which fixed it." if finding.fixed_in else "; no release fixed it.")
+        if finding.fixed_in and finding.fix_calls_differ:
+            verdict = (f"It fails on SGLang {release}. On {finding.fixed_in}, which fixed it, the calls differ "
+                       f"({finding.fix_calls_differ}): the same trace written for it (`--member "
+                       f"sglang@{finding.fixed_in}`) passes there.")
     checks = "; ".join(summary(check)[0].lower() + summary(check)[1:] for check in recording.checks)
     knobs = ", ".join(f"{name}={value}" for name, value in recording.environment.items() if value is not None)
     tree = {"legacy": "the legacy SWARadixCache", "unified": "UnifiedRadixCache with its Python tree core",

@@ -60,6 +60,10 @@ class Check:
     admission, of its request; "drain": after the trace's drain."""
     imports: tuple[str, ...] = ()
     """What else of SGLang's it names ("module:name")."""
+    needs: str = ""
+    """An operation the trace must make for the check to apply ("pd_admit"), or "" for any."""
+    trees: tuple[str, ...] = ()
+    """The trees whose nodes it reads as written ("unified": UnifiedRadixCache's Python core), or () for any."""
 
     @property
     def function(self) -> str:
@@ -112,6 +116,23 @@ def check_rows_are_allocated(after, requests):
         freed = [slot for slot in req_to_token_pool.req_to_token[row, :allocated].tolist() if slot // PAGE_SIZE in free]
         assert not freed, f"{after}: request {req.rid} still reads full slots {freed} of its row, but they are free"
 ''', ("free_pages", "kv_of")),
+    Check(("I11",), '''
+def check_swa_locks_held(after, requests):
+    """A running request keeps the SWA lock of the node its prefix ends on until it gives it
+    back (swa_prefix_lock_released): while it holds it, the node's SWA lock count is at least
+    1, so the tree cannot evict the SWA KV the request still reads (kvspec I11)."""
+    for req in requests:
+        node = req.last_node  # the node, or from 0.5.20 its id in the tree core
+        if isinstance(node, int):
+            node = tree_cache.tree_core.node_by_id(node)
+        if node is None or node.parent is None or getattr(req, "swa_prefix_lock_released", False):
+            continue
+        locks = node.component(ComponentType.SWA).lock_ref
+        assert locks >= 1, (
+            f"{after}: request {req.rid} holds the SWA lock of tree node {node.id}, where its prefix ends, but "
+            f"the node's SWA lock count is {locks}: another request's release gave back a lock it did not hold, "
+            f"and the tree may now evict SWA KV that {req.rid} still reads")
+''', (), needs="pd_admit", trees=("unified",)),
     Check(("I9",), '''
 def check_window_bound(after, requests):
     """A decoding request's SWA KV stays bounded: from its third decode step on it holds at

@@ -160,7 +160,8 @@ def prealloc_queue():
     queue.scheduler = SimpleNamespace(
         sliding_window_size=WINDOW, enable_decode_hicache=False, enable_hisparse=False,
         running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None,
-        tp_worker=SimpleNamespace(is_hybrid_swa=True))
+        tp_worker=SimpleNamespace(is_hybrid_swa=True),
+        server_args=SimpleNamespace(disaggregation_decode_enable_radix_cache=True))  # what 0.5.19 reads
     return queue
 '''
 PD_QUEUE_FIELDS = frozenset(re.findall(r"queue\.(\w+) =", PD_QUEUE))

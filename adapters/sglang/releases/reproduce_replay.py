@@ -181,6 +181,8 @@ def applies(check: Check, trace: Trace, tree: str) -> bool:
         return False
     if check.when == "drain":
         return True  # a drain always ends in every page free, once (engine_driver.drain)
+    if (check.needs and check.needs not in ops) or (check.trees and tree not in check.trees):
+        return False
     return bool(set(check.clauses) & set(trace.violates)) and (tree not in ("rust", "chunk") or "tree_nodes" not in check.uses)
 
 
