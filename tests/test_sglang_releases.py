@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -83,12 +84,12 @@ def test_a_release_whose_dependencies_are_missing_is_a_clear_error_not_a_deep_im
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("sglang==0.5.18\nkvspec-no-such-distribution==1.0\n")
     monkeypatch.setenv("KVSPEC_SGLANG_RELEASES", str(tmp_path))
-    monkeypatch.setattr(environment, "REQUIREMENTS", (requirements,))
-    assert environment.unpacked("0.5.18") and not environment.installed("0.5.18")
-    assert environment.missing_dependencies() == ["kvspec-no-such-distribution"]
+    shelf = replace(environment.SHELF, requirements=(requirements,))  # the shelf's, with one pin missing
+    assert shelf.unpacked("0.5.18") and not shelf.installed("0.5.18")
+    assert shelf.missing_dependencies() == ["kvspec-no-such-distribution"]
     with pytest.raises(environment.ReleaseNotInstalled, match=r"what it imports is not in this environment "
                                                                r"\(kvspec-no-such-distribution\); install it with"):
-        environment.activate("0.5.18")
+        shelf.activate("0.5.18")
 
 
 def test_an_unknown_member_names_the_family():

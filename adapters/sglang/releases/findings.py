@@ -98,9 +98,15 @@ FINDINGS = (
             by_default=(), knobs=("no-chunk-release",), says="^(evict|prefill_chunk) raised AssertionError",
             runs=(Run(4, 6, 4),)),
     # the same, on 0.5.22's finish path, which also matches again after its insert (a finish at a
-    # stop below the cursor's window): double ownership, or SGLang's own assertion on the match
+    # stop below the cursor's window): double ownership, or SGLang's own assertions on the match
+    # (`cache_protected_len <= len(new_indices) + page_size - 1`, then `new_prefix_len <= ...`,
+    # 0.5.22 mem_cache/unified_radix_cache.py:1207-1212); on the Rust core, whose tree cannot be
+    # walked, the pages freed twice show later: the SWA allocator's assertion at an eviction
+    # (allocator/swa.py:546, more free than the pool) or I1 at the drain (a page twice in the free
+    # list, the padding page 0 freed). Each such trace of the matrix bisects to 0.5.22 alone.
     Finding("checkpoint-short-rematch", "bug", "0.5.22", "0.5.22", "0.5.23", ("python", "rust"),
-            ("I4", "I2", "I3", "I1", "crashed"), says=r"\[I\d+\]|new_prefix_len",
+            ("I4", "I2", "I3", "I1", "crashed"),
+            says=r"\[I\d+\]|new_prefix_len|cache_protected_len=|^evict raised AssertionError",
             vector="vectors/regressions/sglang/checkpoint-short-rematch-finish.jsonl"),
     # the same, where a PD-decode admission's checkpoint leaves the short leaf (pd-tail-not-rounded's
     # tail, 0.5.19 on): at any knobs, as the admission's insert is not the chunk release's
