@@ -456,7 +456,7 @@ def cache_map_violations(now: BlockPoolSnapshot) -> list[Violation]:
     return found
 
 
-@invariant("BLOCK-8", "mapping")
+@invariant("BLOCK-8", "mapping", reads={"kv_events"})
 def event_replay_violations(now: BlockPoolSnapshot) -> list[Violation]:
     """[BLOCK-8] Replaying the engine's KV events (stored, removed, all cleared) gives the
     prefix-cache map's keys, each as many times as the map holds it: a consumer of the

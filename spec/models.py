@@ -47,10 +47,11 @@ TWO_POOL = MemoryModel(
 free_sets: the free page ids; mapping: the full->SWA mapping; rows: request rows and
 cursors; tree: the prefix tree with locks and ledgers."""
 BLOCK_POOL = MemoryModel(
-    "block-pool", "chapter 08", BlockPoolSnapshot, ("block_pool", "rows"), BLOCK_POOL_VERSIONS, block_pool_observables,
-    drained_violations, ("outcome", "free_blocks", "requests"))
-"""One block pool shared by every layer group. block_pool: the pool, tables, cache map
-and events; rows: the requests' rows and cursors."""
+    "block-pool", "chapter 08", BlockPoolSnapshot, ("block_pool", "rows", "kv_events"), BLOCK_POOL_VERSIONS,
+    block_pool_observables, drained_violations, ("outcome", "free_blocks", "requests"))
+"""One block pool shared by every layer group. block_pool: the pool, tables and cache map;
+rows: the requests' rows and cursors; kv_events: the map that replaying the engine's KV
+events gives, key by key and group by group (BLOCK-8)."""
 
 TWO_POOL_STATE = MemoryModel(
     "two-pool-state", "chapters 01-07 and 09", HybridStateSnapshot, TWO_POOL.observables,

@@ -3,14 +3,17 @@ and what they declare, what the shelf unpacks of a wheel, and real checks of the
 driven, a middle and the newest release.
 
 The catalog needs no vLLM. The checks need the releases installed (`python -m
-kvspec.adapters.vllm.releases install 0.20.0 0.27.0 0.34.0`); CI installs them and sets
+kvspec.adapters.vllm.releases install 0.13.0 0.14.0 0.27.0 0.34.0`); CI installs them and sets
 KVSPEC_REQUIRE_VLLM_RELEASES=1, which turns a missing release into a failure instead of a
-skip."""
+skip. The bugs found: each regression vector crashes (or violates) on the release it names
+and replays clean on the one that fixed it, and so does its standalone reproduction, which
+imports vLLM alone."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,17 +23,31 @@ from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
 
 REQUIRED = os.environ.get("KVSPEC_REQUIRE_VLLM_RELEASES") == "1"
-CHECKED = ("0.20.0", "0.27.0", "0.34.0")
+CHECKED = ("0.13.0", "0.27.0", "0.34.0")
 """The oldest release kvspec drives, one in the middle, the newest: CI's."""
+ROOT = Path(__file__).resolve().parents[1]
+BUGS = {
+    # bug: (its regression vector, a release it shipped in, the release that fixed it, what it raises)
+    "swa-cache-parent-null": ("vectors/regressions/vllm/swa-cache-parent-null.jsonl", "0.13.0", "0.14.0",
+                              "prefill_chunk raised AssertionError"),
+}
 
 
-def test_the_releases_are_the_41_with_the_hybrid_manager_and_members_from_0_20():
+def require(release: str) -> None:
+    if not SHELF.installed(release):
+        message = f"vLLM {release} is not installed: {SHELF.install_command(release)}"
+        if REQUIRED:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def test_the_releases_are_the_41_with_the_hybrid_manager_and_members_from_0_13():
     assert len(RELEASES) == 41 and RELEASES[0] == "0.9.2" and RELEASES[-1] == "0.34.0"
-    assert [release for release in RELEASES if generation(release)][0] == "0.20.0"
+    assert [release for release in RELEASES if generation(release)][0] == "0.13.0"
     for release in RELEASES:
         assert (release in MEMBERS) == (generation(release) is not None), release
-    with pytest.raises(AdapterError, match="vllm@0.19.1"):
-        load_adapter("vllm@0.19.1")  # not driven yet (docs/engines/vllm-releases.md): a clear error
+    with pytest.raises(AdapterError, match="vllm@0.12.0"):
+        load_adapter("vllm@0.12.0")  # not driven yet (docs/engines/vllm-releases.md): a clear error
 
 
 def test_each_member_declares_the_retention_and_block_pool_settings_of_its_release():
@@ -48,6 +65,9 @@ def test_each_member_declares_the_retention_and_block_pool_settings_of_its_relea
     assert [uncached_first(r) for r in ("0.22.1", "0.23.0", "0.24.0")] == [(), ("swa",), ("full", "swa")]
     assert "recurrent_state" not in MEMBERS.members["0.30.0"].capabilities  # the state group from 0.31.0
     assert "recurrent_state" in MEMBERS.members["0.31.0"].capabilities
+    # BLOCK-8: the KV events name their group from 0.20.0; before, the check is skipped, never passed
+    assert "kv_events" not in MEMBERS.members["0.19.1"].observables
+    assert "kv_events" in MEMBERS.members["0.20.0"].observables
 
 
 def test_the_shelf_unpacks_vllms_python_and_metadata_never_its_kernels():
@@ -65,15 +85,50 @@ def test_an_unknown_release_is_refused_with_the_releases_kvspec_covers():
 
 @pytest.mark.parametrize("release", CHECKED)
 def test_a_release_passes_the_quick_profile(tmp_path, release):
-    if not SHELF.installed(release):
-        message = f"vLLM {release} is not installed: {SHELF.install_command(release)}"
-        if REQUIRED:
-            pytest.fail(message)
-        pytest.skip(message)
+    """0.13.0's run at page size 16 meets swa-cache-parent-null; the others pass."""
+    require(release)
     report = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", f"vllm@{release}",
                            "--profile", "quick", "--seed", "0", "-n", "1", "--json", str(report)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = json.loads(report.read_text())["runs"]
-    assert runs and all(run["verdict"] == "ok" for run in runs)
+    failed = {run["label"]: run["message"] for run in runs if run["verdict"] != "ok"}
+    if release == "0.13.0":
+        assert set(failed) == {"engine P=16 W=5 I=4"} and "raised AssertionError" in failed["engine P=16 W=5 I=4"]
+    else:
+        assert done.returncode == 0 and not failed, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_bugs_vector_fails_where_it_shipped_and_replays_clean_where_it_was_fixed(bug):
+    vector, shipped, fixed, raised = BUGS[bug]
+    for release in (shipped, fixed):
+        require(release)
+    done = replay(vector, shipped)
+    assert done.returncode == 1 and raised in done.stdout, done.stdout + done.stderr
+    done = replay(vector, fixed)
+    assert done.returncode == 0 and "conforms" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_bugs_reproduction_imports_vllm_alone_fails_where_it_shipped_and_passes_where_it_was_fixed(bug):
+    _, shipped, fixed, _ = BUGS[bug]
+    path = ROOT / "vectors" / "reproductions" / "vllm" / f"{bug}.py"
+    imported = {line.split()[1].split(".")[0] for line in path.read_text().splitlines()
+                if line.startswith(("import ", "from "))}
+    assert imported - set(sys.stdlib_module_names) == {"torch", "vllm"}, imported
+    for release in (shipped, fixed):
+        require(release)
+    env = {**os.environ, "PYTHONPATH": str(SHELF.folder(shipped))}
+    done = subprocess.run([sys.executable, path.name], cwd=path.parent, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode != 0 and done.stderr.rstrip().endswith("AssertionError"), done.stderr[-2000:]
+    env["PYTHONPATH"] = str(SHELF.folder(fixed))
+    done = subprocess.run([sys.executable, path.name], cwd=path.parent, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0 and f"vLLM {fixed}: the request's blocks were cached" in done.stdout, done.stderr[-2000:]
+
+
+def replay(vector: str, release: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "replay", str(ROOT / vector), "--adapter",
+                           f"vllm@{release}"], capture_output=True, text=True, timeout=600, check=False)

@@ -45,7 +45,7 @@ class VLLM:
     policy_version = "vllm-0.33"
     memory_model = "block-pool"
     capabilities = CAPABILITIES
-    observables = ("rows", "block_pool")
+    observables = ("rows", "block_pool", "kv_events")
     preload = "kvspec.adapters.vllm.preload"
     built_for = BUILT_FOR
     make_engine = staticmethod(partial(VllmEngine, retention=0))

@@ -111,6 +111,10 @@ class VllmEngine(KVCacheManagerView):
             max_model_len=self.config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=self.bs,
             enable_caching=True, enable_kv_cache_events=True)
 
+    def new_request(self, rid: str, prompt: list[int]):
+        """vLLM's `Request` for a prompt, with the block hasher the engine gives it."""
+        return self.v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
+
     def prefix_hit(self, req) -> tuple[object, int]:
         """`get_computed_blocks`: the hit's blocks and its tokens. The scheduler keeps the
         junction where a group cached more than the hit: sparse retention caches the window's
@@ -227,7 +231,7 @@ class VllmEngine(KVCacheManagerView):
         if prompt is None:
             req = self.retracted[rid]
         else:
-            req = v.Request(rid, list(prompt), self.sampling.clone(), None, block_hasher=self.hasher)
+            req = self.new_request(rid, prompt)
         hit_blocks, hit = self.prefix_hit(req)
         if hit and not self.adopt_hit(rid, req, hit, hit_blocks):
             self.manager.free(req)  # it leaves the waiting queue, as an aborted waiting request

@@ -25,7 +25,8 @@ from .environment import RELEASES, SHELF
 
 GENERATIONS = {
     # first release of an API generation: the module of its engine shim (releases/api_*.py)
-    "0.20.0": "api_0_20", "0.23.0": "api_0_23", "0.26.0": "api_0_26", "0.29.0": "api_0_29",
+    "0.13.0": "api_0_13", "0.17.0": "api_0_17", "0.20.0": "api_0_20", "0.23.0": "api_0_23", "0.26.0": "api_0_26",
+    "0.29.0": "api_0_29",
     "0.31.0": None,  # None: adapters/vllm/engine.py itself
 }
 STATE = (Capability.RECURRENT_STATE, Capability.PAGED_RECURRENT_STATE, Capability.RELEASES_STATE_AT_STOP)
@@ -86,7 +87,9 @@ def member(release: str, suffix: str) -> type:
         retention=retention, policy_version=VLLM_0_33_DENSE if retention is None else VLLM_0_33,
         null_block_counted=key(release) >= (0, 33, 0),  # BLOCK-3: 0.33.0 skips the null block in free_blocks
         uncached_first=uncached_first(release),
-        memory_model="block-pool", observables=("rows", "block_pool"),
+        memory_model="block-pool",
+        # BLOCK-8: the KV events name their group from 0.20.0 (api_0_17.py)
+        observables=("rows", "block_pool") + (("kv_events",) if key(release) >= (0, 20, 0) else ()),
         capabilities=tuple(c for c in CAPABILITIES if key(release) >= (0, 31, 0) or c not in STATE),
         preload=("kvspec.adapters.vllm.releases.preload",),
         built_for=BuiltFor("vllm", (release,), "vLLM"),  # its own faults are the adapter's (built_for.adapter_fault)

@@ -1,0 +1,69 @@
+"""swa-cache-parent-null: a bug of vLLM 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
+
+    PYTHONPATH=<the folder holding vLLM's vllm/> python swa-cache-parent-null.py
+
+Exit status 0: vLLM cached the request's blocks. An AssertionError raised inside vLLM: the bug.
+
+A hybrid model's KV cache: one full-attention and one sliding-window group (a window of 6
+tokens as vLLM counts it, the current one included), blocks of 16 tokens, prefix caching on,
+KV cache events on (as a KV-aware router or a KV connector turns them on). One request of 32
+tokens is prefilled in two chunks, 29 tokens and then 3, as vLLM's scheduler allocates them.
+After the first chunk the sliding-window group gives back its block 0 (tokens 0 - 15, all before
+the window) and puts the null block in its place. The second chunk fills block 1; caching it
+for the KV event (`BlockPool.cache_full_blocks`) reads the hash of its parent, entry 0 of the
+table: the null block, which has none, and `assert parent_block.block_hash is not None` (0.13.0
+`v1/core/block_pool.py:274`) fails inside `allocate_slots`, in the engine's scheduler loop.
+0.14.0 skips null blocks there and takes the parent's hash from the request's own block hashes.
+It fails the same way on 0.12.0; 0.10.2 - 0.11.2 have the same assertion (not driven by kvspec's
+family yet, docs/engines/vllm-releases.md).
+
+kvspec found it running `vllm@0.13.0` (quick profile, the run `engine P=16 W=5 I=4`), shrunk to
+3 steps: vectors/regressions/vllm/swa-cache-parent-null.jsonl. kvspec's account:
+docs/engines/vllm-findings.md#swa-cache-parent-null. Written by hand from that trace, with the
+calls kvspec's adapter of vLLM makes for it (adapters/vllm/engine.py); it imports vLLM, torch
+and the standard library only.
+"""
+
+import inspect
+
+import torch
+from vllm import __version__
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from vllm.v1.request import Request
+
+BLOCK_SIZE = 16
+WINDOW = 6  # vLLM's sliding_window: the 5 tokens before the current one, and it
+NUM_BLOCKS = 11  # 7 full-attention blocks' worth and 3 sliding-window ones, and the null block
+
+init_none_hash(sha256)  # as vLLM's engine does before it builds a request
+layer = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
+# from 0.23.0 the manager also takes the scheduler's block size (here every group's)
+scheduler = {"scheduler_block_size": BLOCK_SIZE} \
+    if "scheduler_block_size" in inspect.signature(KVCacheManager).parameters else {}
+manager = KVCacheManager(
+    KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["full.0"], FullAttentionSpec(BLOCK_SIZE, **layer)),
+        KVCacheGroupSpec(["swa.0"], SlidingWindowSpec(BLOCK_SIZE, **layer, sliding_window=WINDOW))]),
+    max_model_len=7 * BLOCK_SIZE, hash_block_size=BLOCK_SIZE, enable_caching=True, enable_kv_cache_events=True,
+    **scheduler)
+
+# a request of 32 tokens (0.13.0 - 0.16.0 take its end-of-sequence token after pooling_params)
+takes_eos = "eos_token_id" in inspect.signature(Request).parameters
+request = Request("r1", [0] * 32, SamplingParams(max_tokens=1 << 30), None, *([None] if takes_eos else []),
+                  block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
+blocks, hit = manager.get_computed_blocks(request)[:2]
+assert hit == 0  # nothing cached yet
+
+# the first chunk: 29 tokens; the forward pass computes them
+assert manager.allocate_slots(request, 29) is not None
+request.num_computed_tokens += 29
+
+# the second chunk: 3 tokens, which fill block 1: caching it fails on 0.13.0
+assert manager.allocate_slots(request, 3) is not None
+request.num_computed_tokens += 3
+
+print(f"vLLM {__version__}: the request's blocks were cached")
