@@ -49,13 +49,16 @@ from kvspec.spec.state import StateValue, advance_state
 from kvspec.spec.window import BLOCK_POOL_VERSIONS, VLLM_0_33, VLLM_0_33_DENSE, validate_window_config
 
 from .runtime import vllm
-from .view import KVCacheManagerView, cached_blocks
+from .view import KVCacheManagerView, cached_blocks, cached_keys
 
 MAX_TOKENS = 1 << 30
 """A request's sampling limit: the engine tier decides when a request finishes."""
 
 
 class VllmEngine(KVCacheManagerView):
+    LAYER: dict = {}
+    """What else a release's attention specs require (releases/api_0_10.py)."""
+
     def __init__(self, config: EngineConfig, retention: int | None, report_mode: str | None = None):
         problems = validate_window_config(config.window, config.page_size, config.policy)
         if config.policy.version not in BLOCK_POOL_VERSIONS:  # its retention is the adapter's (VLLM, VLLM_DENSE)
@@ -73,7 +76,7 @@ class VllmEngine(KVCacheManagerView):
         self.config = config
         self.bs = bs = config.page_size
         self.num_blocks = (config.size_full + config.size_swa) // bs + 1  # + the null block
-        layer = {"num_kv_heads": 1, "head_size": 8, "dtype": v.torch.float16}
+        layer = {"num_kv_heads": 1, "head_size": 8, "dtype": v.torch.float16, **self.LAYER}
         groups = [v.KVCacheGroupSpec(["full.0"], v.FullAttentionSpec(bs, **layer)),
                   v.KVCacheGroupSpec(["swa.0"], v.SlidingWindowSpec(bs, **layer, sliding_window=config.window + 1))]
         self.state_bs = scheduler_bs = bs
@@ -301,9 +304,13 @@ class VllmEngine(KVCacheManagerView):
                 if wanted[kind] > 0:
                     wanted[kind] -= 1
                     chosen.append((kind, block.block_id))
-        self.pool.evict_blocks({block_id for _, block_id in chosen})
+        self.drop_keys({block_id for _, block_id in chosen})
         self.evicted.update(block_id for _, block_id in chosen)  # the next partial view shows them
         return tuple(sum(kind == k for kind, _ in chosen) * self.bs for k in (FULL, SWA))
+
+    def drop_keys(self, block_ids: set[int]) -> None:
+        """vLLM's eviction of cached blocks by id (`BlockPool.evict_blocks`, from 0.13.0)."""
+        self.pool.evict_blocks(block_ids)
 
     def cached_free_blocks(self) -> list:
         """The free blocks the prefix cache maps, in the free queue's order (least recently
@@ -311,7 +318,8 @@ class VllmEngine(KVCacheManagerView):
         used, so it is walked back from its tail until every such block is met: the walk
         ends at the oldest of them, and an evict costs what the cache holds, not the pool."""
         cached = self.pool.cached_block_hash_to_block
-        missing = {block.block_id for key in cached._cache for block in cached_blocks(cached, key) if block.ref_cnt == 0}
+        missing = {block.block_id for key in cached_keys(cached) for block in cached_blocks(cached, key)
+                   if block.ref_cnt == 0}
         found, block = [], self.pool.free_block_queue.fake_free_list_tail.prev_free_block
         while missing and block is not None and block.block_id >= 0:  # the fake head's id is -1
             if block.block_id in missing:

@@ -28,7 +28,10 @@ def vllm() -> types.SimpleNamespace:
         import torch
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
         from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import sha256
+        try:
+            from vllm.utils.hashing import sha256
+        except ModuleNotFoundError:  # before 0.11.1 (adapters/vllm/releases/api_0_10.py)
+            from vllm.utils import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import (
             get_block_hash,

@@ -40,15 +40,21 @@ from .runtime import vllm
 REF_COUNT, BLOCK_HASH, BLOCK_ID = attrgetter("ref_cnt"), attrgetter("block_hash"), attrgetter("block_id")
 
 
+def cached_keys(cache_map):
+    """The keys of vLLM's prefix-cache map: a `BlockHashToBlockMap` from 0.11.0, before it a
+    plain dict of each key's blocks by id (0.10.2 `v1/core/block_pool.py`)."""
+    return cache_map if isinstance(cache_map, dict) else cache_map._cache
+
+
 def cached_blocks(cache_map, key) -> tuple:
-    """The blocks vLLM's prefix-cache map (`BlockHashToBlockMap`) holds under one of its keys,
-    () for a key it does not hold. Up to 0.33.0 an entry is a block, or a dict of the blocks
-    of a key several share; from 0.34.0 an entry is a block id, and the ids of a key several
-    blocks share are kept apart (`_dup_ids`, 0.34.0 `v1/core/block_pool.py:56-64`)."""
+    """The blocks vLLM's prefix-cache map holds under one of its keys, () for a key it does
+    not hold. Up to 0.33.0 an entry is a block, or a dict of the blocks of a key several share
+    (before 0.11.0 always a dict); from 0.34.0 an entry is a block id, and the ids of a key
+    several blocks share are kept apart (`_dup_ids`, 0.34.0 `v1/core/block_pool.py:56-64`)."""
     if hasattr(cache_map, "_dup_ids"):
         ids = cache_map._dup_ids.get(key) or ((cache_map._cache[key],) if key in cache_map._cache else ())
         return tuple(cache_map._blocks[i] for i in ids)
-    value = cache_map._cache.get(key)
+    value = cached_keys(cache_map).get(key)
     return () if value is None else tuple(value.values()) if isinstance(value, dict) else (value,)
 
 
@@ -158,7 +164,7 @@ class KVCacheManagerView:
         self.replay_events()
         key, cache_map, tables = self.key, [], self.tables()
         cached = self.pool.cached_block_hash_to_block
-        for block_hash in cached._cache:
+        for block_hash in cached_keys(cached):
             self.raw_keys[key(block_hash)] = block_hash
             for block in cached_blocks(cached, block_hash):
                 cache_map.append((*key(block_hash), block.block_id))
@@ -211,7 +217,7 @@ class KVCacheManagerView:
         state_ids = {b.block_id for table in state_tables.values() for b in table if not b.is_null}
         state_map = []
         cached = self.pool.cached_block_hash_to_block
-        for block_hash in cached._cache:
+        for block_hash in cached_keys(cached):
             if self.v.get_group_id(block_hash) == group:
                 for block in cached_blocks(cached, block_hash):
                     state_map.append((self.key(block_hash)[0], block.block_id))
@@ -286,7 +292,7 @@ class KVCacheManagerView:
         blocks = {i: self.block_view(self.pool.blocks[i]) for i in current | self.last_shown}
         keys = self.touched | {block.block_hash for block in blocks.values() if block.block_hash is not None}
         if not keys <= self.raw_keys.keys():  # learn vLLM's own keys from its map (what it holds, not the pool)
-            self.raw_keys.update((self.key(raw), raw) for raw in cached._cache)
+            self.raw_keys.update((self.key(raw), raw) for raw in cached_keys(cached))
         cache_map = []
         for key in keys:
             for block in cached_blocks(cached, self.raw_keys.get(key)):  # a key it never held is in no entry

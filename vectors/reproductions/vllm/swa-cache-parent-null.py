@@ -1,4 +1,4 @@
-"""swa-cache-parent-null: a bug of vLLM 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
+"""swa-cache-parent-null: a bug of vLLM 0.10.2 - 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
 
     PYTHONPATH=<the folder holding vLLM's vllm/> python swa-cache-parent-null.py
 
@@ -14,11 +14,12 @@ for the KV event (`BlockPool.cache_full_blocks`) reads the hash of its parent, e
 table: the null block, which has none, and `assert parent_block.block_hash is not None` (0.13.0
 `v1/core/block_pool.py:274`) fails inside `allocate_slots`, in the engine's scheduler loop.
 0.14.0 skips null blocks there and takes the parent's hash from the request's own block hashes.
-It fails the same way on 0.12.0; 0.10.2 - 0.11.2 have the same assertion (not driven by kvspec's
-family yet, docs/engines/vllm-releases.md).
+It fails the same way on every release from 0.10.2 (the oldest kvspec's family drives) to
+0.13.0, and passes from 0.14.0 on.
 
 kvspec found it running `vllm@0.13.0` (quick profile, the run `engine P=16 W=5 I=4`), shrunk to
-3 steps: vectors/regressions/vllm/swa-cache-parent-null.jsonl. kvspec's account:
+3 steps: vectors/regressions/vllm/swa-cache-parent-null.jsonl; `kvspec bisect` on every member:
+0.10.2 - 0.13.0. kvspec's account:
 docs/engines/vllm-findings.md#swa-cache-parent-null. Written by hand from that trace, with the
 calls kvspec's adapter of vLLM makes for it (adapters/vllm/engine.py); it imports vLLM, torch
 and the standard library only.
@@ -29,27 +30,32 @@ import inspect
 import torch
 from vllm import __version__
 from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.request import Request
+
+try:
+    from vllm.utils.hashing import sha256
+except ModuleNotFoundError:  # before 0.11.1
+    from vllm.utils import sha256
 
 BLOCK_SIZE = 16
 WINDOW = 6  # vLLM's sliding_window: the 5 tokens before the current one, and it
 NUM_BLOCKS = 11  # 7 full-attention blocks' worth and 3 sliding-window ones, and the null block
 
 init_none_hash(sha256)  # as vLLM's engine does before it builds a request
-layer = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
-# from 0.23.0 the manager also takes the scheduler's block size (here every group's)
-scheduler = {"scheduler_block_size": BLOCK_SIZE} \
-    if "scheduler_block_size" in inspect.signature(KVCacheManager).parameters else {}
+# 0.10.2's attention specs say whether the layer is MLA (it is not)
+mla = {"use_mla": False} if "use_mla" in inspect.signature(FullAttentionSpec).parameters else {}
+layer = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16, **mla}
+# the block size of the hashes (from 0.12.0) and of the scheduler (from 0.23.0): every group's here
+sizes = {name: BLOCK_SIZE for name in ("hash_block_size", "scheduler_block_size")
+         if name in inspect.signature(KVCacheManager).parameters}
 manager = KVCacheManager(
     KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["full.0"], FullAttentionSpec(BLOCK_SIZE, **layer)),
         KVCacheGroupSpec(["swa.0"], SlidingWindowSpec(BLOCK_SIZE, **layer, sliding_window=WINDOW))]),
-    max_model_len=7 * BLOCK_SIZE, hash_block_size=BLOCK_SIZE, enable_caching=True, enable_kv_cache_events=True,
-    **scheduler)
+    max_model_len=7 * BLOCK_SIZE, enable_caching=True, enable_kv_cache_events=True, **sizes)
 
 # a request of 32 tokens (0.13.0 - 0.16.0 take its end-of-sequence token after pooling_params)
 takes_eos = "eos_token_id" in inspect.signature(Request).parameters
