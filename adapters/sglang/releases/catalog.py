@@ -36,6 +36,7 @@ tree; and whether its chunked prefill releases (chunk_release).
 from dataclasses import dataclass
 from functools import partial
 
+from kvspec.conformance.harness.built_for import BuiltFor
 from kvspec.conformance.harness.declarations import Capability
 from kvspec.conformance.harness.families import Family, PreparedMembers
 
@@ -242,6 +243,7 @@ def member(release: Release, tree: str, knobs: tuple[str, ...]) -> type:
         # nothing (chunk_cache.py), read off the cache as the reference's tree-less engine shows it
         observables=("free_sets", "mapping", "rows") + (() if tree == "rust" else ("tree",)),
         preload=shim_modules(release) + ("kvspec.adapters.sglang.releases.preload",),
+        built_for=BuiltFor("sglang", (release.release,), "SGLang"),  # its own faults are the adapter's
         make_engine=staticmethod(partial(make_engine, release=release, tree=tree, knobs=knobs)))
     if not knobs and tree == release.default_tree:  # the allocator is the same whatever the tree and knobs
         attributes["make_allocator"] = staticmethod(partial(make_allocator, release=release.release))
