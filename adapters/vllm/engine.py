@@ -107,12 +107,18 @@ class VllmEngine(KVCacheManagerView):
     def build_manager(self, groups: list, retention: int | None, scheduler_bs: int):
         """vLLM's KVCacheManager over `groups`, as its engine builds it (a release's shim
         builds it the way that release does: releases/api_*.py)."""
-        v = self.v
-        return v.KVCacheManager(
-            v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                            prefix_cache_retention_interval=retention),
-            max_model_len=self.config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=self.bs,
-            enable_caching=True, enable_kv_cache_events=True)
+        return self.v.KVCacheManager(self.cache_config(groups, retention), max_model_len=self.config.size_full,
+                                     enable_caching=True, enable_kv_cache_events=True,
+                                     **self.block_sizes(scheduler_bs))
+
+    def cache_config(self, groups: list, retention: int | None):
+        return self.v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                                    prefix_cache_retention_interval=retention)
+
+    def block_sizes(self, scheduler_bs: int) -> dict[str, int]:
+        """The block sizes the manager takes besides its groups': the scheduler's (their least
+        common multiple) and the block hashes' (the page size)."""
+        return {"scheduler_block_size": scheduler_bs, "hash_block_size": self.bs}
 
     def new_request(self, rid: str, prompt: list[int]):
         """vLLM's `Request` for a prompt, with the block hasher the engine gives it."""

@@ -9,8 +9,5 @@ from .api_0_12 import Engine_0_12
 
 
 class Engine_0_11(Engine_0_12):
-    def build_manager(self, groups: list, retention: int | None, scheduler_bs: int):
-        v = self.v
-        return v.KVCacheManager(
-            v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups),
-            max_model_len=self.config.size_full, enable_caching=True, enable_kv_cache_events=True)
+    def block_sizes(self, scheduler_bs: int) -> dict[str, int]:
+        return {}

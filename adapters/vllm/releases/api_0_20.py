@@ -9,9 +9,5 @@ from .api_0_23 import Engine_0_23
 
 
 class Engine_0_20(Engine_0_23):
-    def build_manager(self, groups: list, retention: int | None, scheduler_bs: int):
-        v = self.v
-        return v.KVCacheManager(
-            v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups),
-            max_model_len=self.config.size_full, hash_block_size=self.bs, enable_caching=True,
-            enable_kv_cache_events=True)
+    def block_sizes(self, scheduler_bs: int) -> dict[str, int]:
+        return {"hash_block_size": self.bs}

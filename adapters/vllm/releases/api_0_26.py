@@ -18,16 +18,15 @@ RETENTION = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 
 class Engine_0_26(Engine_0_29):
     def build_manager(self, groups: list, retention: int | None, scheduler_bs: int):
-        v = self.v
         before = os.environ.pop(RETENTION, None)
         if retention is not None:
             os.environ[RETENTION] = str(retention)
         try:
-            return v.KVCacheManager(
-                v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups),
-                max_model_len=self.config.size_full, scheduler_block_size=scheduler_bs, hash_block_size=self.bs,
-                enable_caching=True, enable_kv_cache_events=True)
+            return super().build_manager(groups, retention, scheduler_bs)
         finally:
             os.environ.pop(RETENTION, None)
             if before is not None:
                 os.environ[RETENTION] = before
+
+    def cache_config(self, groups: list, retention: int | None):
+        return self.v.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
