@@ -27,7 +27,7 @@ from kvspec.conformance.harness.incremental import Certificates  # noqa: E402
 from kvspec.spec.block_pool import NULL_BLOCK, Block, BlockPoolSnapshot  # noqa: E402
 from kvspec.spec.registry import violations  # noqa: E402
 
-CHECKS = Checks(BlockPoolSnapshot, {"rows"}, incremental=False).run
+CHECKS = Checks(BlockPoolSnapshot, {"rows", "block_pool", "kv_events"}, incremental=False).run
 RUNS = [("vllm", 1, 6), ("vllm", 4, 6), ("vllm-dense", 2, 5), ("vllm", 16, 24),
         ("vllm-mutant-hit-left-in-free-queue", 2, 5), ("vllm-mutant-hit-without-reference", 2, 5),
         ("vllm-mutant-window-release-without-free", 2, 5), ("vllm-mutant-null-block-freed", 2, 5),
