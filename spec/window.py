@@ -68,6 +68,10 @@ BLOCK_POOL_VERSIONS = tuple(version for version in PolicyVersion if version.mode
 """The versions of the shared block pool (chapter 08)."""
 
 
+EVERY_GROUP = ("full", "swa")
+"""The group kinds of a shared block pool: `Policy.uncached_first`'s default, every group."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """[WIN-1] A policy version: how much window eviction retains, whether the prefix
@@ -87,7 +91,7 @@ class Policy:
     Off, the count is not maintained: vLLM before 0.33 decrements it at every free of a
     table that holds the null block and raises it at every hit that adopts one (its
     `block_pool.py` says so where it makes the null block), and nothing reads it."""
-    uncached_first: tuple[str, ...] = ("full", "swa")
+    uncached_first: tuple[str, ...] = EVERY_GROUP
     """[BLOCK-10] The groups (by kind) whose releases put the blocks they free without a key
     at the free queue's head, to be reused first; a group's not named queue every block
     they free at the tail, in release order, cached or not. Every group in vLLM from 0.24,
@@ -122,7 +126,7 @@ def validate_window_config(window: int, page_size: int, policy: Policy) -> list[
         problems.append(f"chunk_release must be true or false (got {policy.chunk_release!r})")
     if not isinstance(policy.null_block_counted, bool):
         problems.append(f"null_block_counted must be true or false (got {policy.null_block_counted!r})")
-    if not (isinstance(policy.uncached_first, tuple) and set(policy.uncached_first) <= {"full", "swa"}):
+    if not (isinstance(policy.uncached_first, tuple) and set(policy.uncached_first) <= set(EVERY_GROUP)):
         problems.append(f"uncached_first must list group kinds, of full and swa (got {policy.uncached_first!r})")
     return problems
 

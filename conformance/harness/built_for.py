@@ -91,14 +91,12 @@ def adapter_fault(error: BaseException | None, adapter) -> str | None:
         return None
     engine_modules = top_level_modules(built_for.distribution)
     if isinstance(error, AttributeError):
-        owner = type(error.obj).__module__ if hasattr(error, "obj") else ""
-        if isinstance(error.obj, types.ModuleType):
-            owner = error.obj.__name__
-        if owner.split(".")[0] not in engine_modules:
+        obj = getattr(error, "obj", None)
+        module = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__module__
+        if module.split(".")[0] not in engine_modules:
             return None
-        what = f"reads `{type(error.obj).__name__}.{error.name}`, which it does not have"
-        if isinstance(error.obj, types.ModuleType):
-            what = f"reads `{error.obj.__name__}.{error.name}`, which it does not have"
+        owner = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__name__
+        what = f"reads `{owner}.{error.name}`, which it does not have"
     elif isinstance(error, ImportError):
         if (error.name or "").split(".")[0] not in engine_modules:
             return None

@@ -66,7 +66,7 @@ from kvspec.spec.lifecycle import EngineOperation, EngineOperations
 from kvspec.spec.models import MODELS, TWO_POOL, MemoryModel
 from kvspec.spec.scheduler import SchedulerConfig, SchedulerOperations
 from kvspec.spec.snapshot import EngineConfig, EngineSnapshot
-from kvspec.spec.window import POLICY_VERSIONS, PolicyVersion
+from kvspec.spec.window import EVERY_GROUP, POLICY_VERSIONS, PolicyVersion
 
 from . import families
 from .built_for import BuiltFor, release_problem
@@ -149,7 +149,7 @@ class Declaration:
     """The module that defines it: its package is the adapter's own code (built_for.adapter_fault)."""
     null_block_counted: bool = True
     """Whether its engines keep the null block's reference count at 0 (the policy's, BLOCK-3)."""
-    uncached_first: tuple[str, ...] = ("full", "swa")
+    uncached_first: tuple[str, ...] = EVERY_GROUP
     """The groups whose releases queue uncached blocks at the head (the policy's, BLOCK-10)."""
     chunk_release: bool = True
     """Whether its engines release a chunked prefill's out-of-window SWA (the policy's
@@ -334,8 +334,8 @@ def validate(candidate: Any, spec: str) -> Adapter:
     null_block_counted = attribute("null_block_counted", True)
     if not isinstance(null_block_counted, bool):
         problems.append(f"null_block_counted must be True or False (got {null_block_counted!r})")
-    uncached_first = attribute("uncached_first", ("full", "swa"))
-    if not (isinstance(uncached_first, tuple) and set(uncached_first) <= {"full", "swa"}):
+    uncached_first = attribute("uncached_first", EVERY_GROUP)
+    if not (isinstance(uncached_first, tuple) and set(uncached_first) <= set(EVERY_GROUP)):
         problems.append(f"uncached_first must be a tuple of group kinds, of 'full' and 'swa' (got {uncached_first!r})")
     factories = {tier: attribute(f"make_{tier}") for tier in Tier}
     if all(factory is None for factory in factories.values()):

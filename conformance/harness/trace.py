@@ -41,7 +41,7 @@ from kvspec.spec.models import MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import validate_state_grid
-from kvspec.spec.window import Policy, validate_window_config
+from kvspec.spec.window import EVERY_GROUP, Policy, validate_window_config
 
 from .declarations import Capability
 from .outputs import write_text
@@ -219,21 +219,26 @@ class Trace:
 
 def engine_config_json(config: EngineConfig) -> dict[str, Any]:
     """The configuration as a trace's header writes it; a model without recurrent state
-    leaves the state pool out, so its traces read as they did before chapter 09, and a
-    policy with chunk release (WIN-4's default) leaves `chunk_release` out, and one that counts
-    the null block (BLOCK-3's default) `null_block_counted`, and one that frees uncached
-    blocks first in every group (BLOCK-10's) `uncached_first`."""
-    fields = asdict(config)
+    leaves the state pool out, so its traces read as they did before chapter 09."""
+    fields = {**asdict(config), "policy": policy_json(config.policy)}
     if not config.state_slots:
         del fields["state_slots"], fields["state_grid"]
-    if config.policy.chunk_release:  # the spec's default: traces read as they did before it was a choice
-        del fields["policy"]["chunk_release"]
-    if config.policy.null_block_counted:  # the same
-        del fields["policy"]["null_block_counted"]
-    if set(config.policy.uncached_first) == {"full", "swa"}:
-        del fields["policy"]["uncached_first"]
+    return fields
+
+
+def policy_json(policy: Policy) -> dict[str, Any]:
+    """A policy as a trace's header writes it: a setting at the spec's default is left out, so
+    traces read as they did before it was a choice (chunk release, WIN-4; the null block's
+    count kept, BLOCK-3; uncached blocks first in every group, BLOCK-10)."""
+    fields = asdict(policy)
+    if policy.chunk_release:
+        del fields["chunk_release"]
+    if policy.null_block_counted:
+        del fields["null_block_counted"]
+    if set(policy.uncached_first) == set(EVERY_GROUP):
+        del fields["uncached_first"]
     else:
-        fields["policy"]["uncached_first"] = list(config.policy.uncached_first)
+        fields["uncached_first"] = list(policy.uncached_first)
     return fields
 
 

@@ -36,12 +36,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from kvspec.spec.window import EVERY_GROUP, Policy
+
 from ..harness import families
 from ..harness.isolation import LOAD_SECONDS, MEMORY_LIMIT, ForkserverDied, Journal, Lost, run_jobs
 from ..harness.outputs import output_file, write_text
 from ..harness.protocol import Adapter, AdapterError, load_adapter
 from ..harness.replay import replay, unmet_requirements
-from ..harness.trace import Trace, TraceError, load
+from ..harness.trace import Trace, TraceError, load, policy_json
 
 SCHEMA = "kvspec-bisect/1"
 REPRODUCES, PASSES, FAILS, CANNOT_RUN = "reproduces", "passes", "fails", "cannot-run"
@@ -54,20 +56,19 @@ print there too."""
 # -- one member's replay ---------------------------------------------------------------------
 
 def at_own_policy(trace: Trace, adapter) -> Trace:
-    """The trace as `adapter` runs it: at the policy version the adapter declares, and its
-    `chunk_release` (WIN-4) where it declares one, so that one trace serves releases whose
-    retention differs; the invariants are then checked against the member's own policy."""
+    """The trace as `adapter` runs it: at the policy version the adapter declares, its
+    `chunk_release` (WIN-4) where it declares one, and its block-pool settings (BLOCK-3,
+    BLOCK-10), so that one trace serves releases whose retention differs; the invariants are
+    then checked against the member's own policy."""
     trace = replace(trace, adapter=adapter.name)
     if trace.tier != "engine":  # only an engine trace's configuration names a policy
         return trace
-    policy = dict(trace.config["policy"], version=adapter.policy_version)
-    if (chunk_release := getattr(adapter, "chunk_release", None)) is not None:
-        policy["chunk_release"] = chunk_release
-    if getattr(adapter, "null_block_counted", True) is False:  # block-pool settings, written where not the default
-        policy["null_block_counted"] = False
-    if (uncached_first := tuple(getattr(adapter, "uncached_first", ("full", "swa")))) != ("full", "swa"):
-        policy["uncached_first"] = list(uncached_first)
-    return replace(trace, config=dict(trace.config, policy=policy))
+    policy = Policy(**trace.config["policy"])
+    policy = replace(policy, version=adapter.policy_version,
+                     chunk_release=getattr(adapter, "chunk_release", policy.chunk_release),
+                     null_block_counted=getattr(adapter, "null_block_counted", True),
+                     uncached_first=tuple(getattr(adapter, "uncached_first", EVERY_GROUP)))
+    return replace(trace, config=dict(trace.config, policy=policy_json(policy)))
 
 
 def described(trace: Trace) -> dict:

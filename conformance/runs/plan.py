@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from kvspec.spec.block_pool import FULL, SWA
 from kvspec.spec.models import MemoryModel, with_state
 from kvspec.spec.scheduler import STATE
-from kvspec.spec.window import Policy, PolicyVersion
+from kvspec.spec.window import EVERY_GROUP, Policy, PolicyVersion
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.declarations import RUNS, Capability, Run, Tier
@@ -43,7 +43,7 @@ class Target:
     observables: frozenset[str]
     chunk_release: bool = True
     null_block_counted: bool = True
-    uncached_first: tuple[str, ...] = ("full", "swa")
+    uncached_first: tuple[str, ...] = EVERY_GROUP
 
     @classmethod
     def of(cls, adapter: Declaration) -> "Target":
