@@ -90,7 +90,8 @@ def make_scheduler(config, device: str = "cpu"):
 
 
 BLOCK_POOL_CAPABILITIES = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING,
-                           Capability.CHUNKED_PREFILL, Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
+                           Capability.CHUNKED_PREFILL, Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW,
+                           Capability.GROUP_LAYOUTS)
 """The shared block pool's engines: no recurrent-state group (chapter 09 is modelled on the two-pool engine)."""
 
 

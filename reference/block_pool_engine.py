@@ -2,9 +2,9 @@
 an engine of chapter 08's model, as vLLM 0.33's KV cache manager keeps its KV and its
 scheduler drives it in synchronous mode (one request per step, nothing in flight).
 
-Two layer groups, full attention (group 0) and sliding window (group 1), draw from one
-`BlockPool` of `(size_full + size_swa) / P + 1` blocks (the null block included), the
-block size being the page size. A request has one positional table per group (a row of a
+The layer groups of the configuration's layout (BLOCK-11; by default full attention, group
+0, and sliding window, group 1) draw from one `BlockPool` of `(size_full + size_swa) / P + 1`
+blocks (the null block included), the block size being the page size. A request has one positional table per group (a row of a
 tensor): entry `i` covers tokens `[i * P, (i + 1) * P)`; a sliding-window table keeps
 its length and puts the null block in the entries that left the window.
 
@@ -40,8 +40,10 @@ from kvspec.spec.block_pool import (
     BlockPoolSnapshot,
     BlockPoolView,
     RequestBlocks,
+    kind_cached,
+    layout_hit_blocks,
+    layout_problems,
     null_prefix_length,
-    prefix_hit_blocks,
     release_order,
     released_swa_blocks,
     swa_block_cached,
@@ -55,9 +57,6 @@ from kvspec.spec.snapshot import EngineConfig, RequestView, Step
 from kvspec.spec.window import BLOCK_POOL_VERSIONS, validate_window_config
 
 from .block_pool import BlockPool
-
-GROUPS = (FULL, SWA)
-"""The layer groups, by group id."""
 
 
 def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
@@ -79,9 +78,9 @@ class BlockRequest:
     """Where a resend of the prompt resumes counts from it (BLOCK-9's retention)."""
     tables: torch.Tensor
     """One row per group: the block of each entry, the null block where released."""
-    lengths: list[int] = field(default_factory=lambda: [0] * len(GROUPS))
+    lengths: list[int] = field(init=False)
     """Each table's entries (0: the request holds no table)."""
-    cached: list[int] = field(default_factory=lambda: [0] * len(GROUPS))
+    cached: list[int] = field(init=False)
     """Per group, the leading entries already offered to the prefix cache."""
     hashes: list[int] = field(default_factory=list)
     """The chained hash of each whole block of `tokens`."""
@@ -94,6 +93,9 @@ class BlockRequest:
     """Where its hit stopped short of the full group's (vLLM's shared_prefix_boundary), or 0."""
     decode_steps: int = 0
     finished_prefill: bool = False
+
+    def __post_init__(self):
+        self.lengths, self.cached = [0] * len(self.tables), [0] * len(self.tables)
 
     def table(self, group: int) -> list[int]:
         return self.tables[group, :self.lengths[group]].tolist()
@@ -117,12 +119,15 @@ class BlockPoolEngine:
         for name in ("size_full", "size_swa"):
             if getattr(config, name) < 0 or getattr(config, name) % max(config.page_size, 1):
                 problems.append(f"{name} must be a non-negative multiple of the page size (got {getattr(config, name)})")
+        problems += layout_problems(config.layout)
         if config.state_slots:
             problems.append("the reference's shared block pool has no recurrent-state group (state_slots must be 0; "
                             "recurrent state is modelled on the two-pool reference)")
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         self.config = config
+        self.groups = tuple(config.layout)
+        """[BLOCK-11] The kind of each layer group, by group id."""
         self.bs = config.page_size
         self.window = config.window
         self.retention = PREFIX_CACHE_RETENTION[config.policy.version]
@@ -145,7 +150,7 @@ class BlockPoolEngine:
 
     def new_request(self, rid: str, tokens: list[int], prompt_len: int) -> BlockRequest:
         request = BlockRequest(rid, list(tokens), prompt_len, torch.zeros(
-            len(GROUPS), self.max_blocks, dtype=torch.int64, device=self.pool.device))
+            len(self.groups), self.max_blocks, dtype=torch.int64, device=self.pool.device))
         request.hash_whole_blocks(self.bs)
         return request
 
@@ -164,14 +169,18 @@ class BlockPoolEngine:
         """[BLOCK-9] The prefix hit of at most `limit_tokens` tokens: its length, per group
         the blocks it adopts (the null block before the window) and the junction."""
         limit = limit_tokens // self.bs
-        keys = [[(h, group) for h in request.hashes[:limit]] for group in range(len(GROUPS))]
+        keys = [[(h, group) for h in request.hashes[:limit]] for group in range(len(self.groups))]
         cached = [[key in self.pool.cache for key in group_keys] for group_keys in keys]
-        hit = prefix_hit_blocks(cached[0], cached[1], swa_hit_run(self.window, self.bs), limit)
-        full_run = next((i for i, c in enumerate(cached[0]) if not c), len(cached[0]))
-        released = released_swa_blocks(hit * self.bs, self.window, self.bs)
-        blocks = [[self.pool.cached_block(key) for key in keys[0][:hit]],
-                  [NULL_BLOCK] * released + [self.pool.cached_block(key) for key in keys[1][released:hit]]]
-        return hit * self.bs, blocks, full_run * self.bs if full_run > hit else 0
+        hit = layout_hit_blocks(self.groups, cached, swa_hit_run(self.window, self.bs), limit)
+        skipped = self.skipped(hit * self.bs)
+        blocks = [[NULL_BLOCK] * skipped[g] + [self.pool.cached_block(key) for key in keys[g][skipped[g]:hit]]
+                  for g in range(len(self.groups))]
+        junction = 0  # where the full groups' run goes on past the hit, if the layout has both kinds
+        if FULL in self.groups and SWA in self.groups:
+            full = kind_cached(self.groups, cached, FULL, len(keys[0]))
+            full_run = next((i for i, c in enumerate(full) if not c), len(full))
+            junction = full_run * self.bs if full_run > hit else 0
+        return hit * self.bs, blocks, junction
 
     def admit_with_hit(self, request: BlockRequest, limit_tokens: int, external: int = 0) -> bool:
         """Find the hit and allocate it with `external` tokens more whose KV arrives from
@@ -191,19 +200,19 @@ class BlockPoolEngine:
         processed = request.computed + hit + external
         slots = processed + new_tokens
         self.release_window(request, processed)
-        hit_blocks = hit_blocks or [[] for _ in GROUPS]
+        hit_blocks = hit_blocks or [[] for _ in self.groups]
         skipped = self.skipped(processed)
-        adopted = [hit_blocks[g][skipped[g]:] for g in range(len(GROUPS))]
+        adopted = [hit_blocks[g][skipped[g]:] for g in range(len(self.groups))]
         if self.blocks_needed(request, new_tokens, hit, hit_blocks, external) > self.pool.free_count:
             if request.rid in self.requests:
                 request.processed = processed
             return False
         if hit or external:  # a new request: its tables start with what it adopts
-            for g in range(len(GROUPS)):
+            for g in range(len(self.groups)):
                 self.pool.claim(adopted[g])
                 self.set_table(request, g, 0, [NULL_BLOCK] * skipped[g] + adopted[g])
                 request.cached[g] = request.lengths[g]
-        for g in range(len(GROUPS)):
+        for g in range(len(self.groups)):
             length = request.lengths[g]
             self.set_table(request, g, length, self.pool.take(pages_for(slots, self.bs) - length))
         self.cache_blocks(request, min(slots, len(request.tokens)))
@@ -212,7 +221,7 @@ class BlockPoolEngine:
 
     def skipped(self, processed: int) -> list[int]:
         """[BLOCK-6] Per group, the leading entries released after `processed` tokens."""
-        return [released_swa_blocks(processed, self.window, self.bs) if kind == SWA else 0 for kind in GROUPS]
+        return [released_swa_blocks(processed, self.window, self.bs) if kind == SWA else 0 for kind in self.groups]
 
     def blocks_needed(self, request: BlockRequest, new_tokens: int, hit: int = 0,
                       hit_blocks: list[list[int]] | None = None, external: int = 0) -> int:
@@ -220,18 +229,18 @@ class BlockPoolEngine:
         blocks its tables grow by, and the free ones its hit adopts."""
         processed = request.computed + hit + external
         slots = processed + new_tokens
-        hit_blocks = hit_blocks or [[] for _ in GROUPS]
+        hit_blocks = hit_blocks or [[] for _ in self.groups]
         skipped = self.skipped(processed)
-        adopted = [block for g in range(len(GROUPS)) for block in hit_blocks[g][skipped[g]:]]
+        adopted = [block for g in range(len(self.groups)) for block in hit_blocks[g][skipped[g]:]]
         return self.pool.free_among(adopted) + sum(
             max(0, pages_for(slots, self.bs) - max(skipped[g], request.lengths[g] + len(hit_blocks[g])))
-            for g in range(len(GROUPS)))
+            for g in range(len(self.groups)))
 
     def release_window(self, request: BlockRequest, processed: int) -> None:
         """[BLOCK-6] Give back the sliding-window blocks wholly before `processed - W`."""
         if not request.holds_tables():
             return
-        for g, kind in enumerate(GROUPS):
+        for g, kind in enumerate(self.groups):
             if kind != SWA:
                 continue
             table = request.table(g)
@@ -246,7 +255,7 @@ class BlockPoolEngine:
         the retention keeps of the sliding-window group (never the null block)."""
         whole = min(tokens, len(request.hashes) * self.bs) // self.bs
         boundaries = (request.prompt_len - 1, *([request.junction] if request.junction else []))
-        for g, kind in enumerate(GROUPS):
+        for g, kind in enumerate(self.groups):
             if request.cached[g] >= whole:
                 continue
             table = request.table(g)
@@ -258,7 +267,7 @@ class BlockPoolEngine:
 
     def release(self, request: BlockRequest) -> None:
         """[LIFE-5, BLOCK-10] Give back every block the request holds, in release order."""
-        for g, kind in enumerate(GROUPS):  # group by group, in release order (BLOCK-10)
+        for g, kind in enumerate(self.groups):  # group by group, in release order (BLOCK-10)
             self.pool.release(release_order((request.table(g),), ()), kind in self.uncached_first)
         del self.requests[request.rid]
 
@@ -340,35 +349,36 @@ class BlockPoolEngine:
         self.waiting[rid] = self.new_request(rid, request.tokens, request.prompt_len)
 
     def evict(self, full_tokens: int, swa_tokens: int) -> tuple[int, int]:
-        """[LIFE-7, BLOCK-10] Drop the keys of that many tokens' worth of cached free blocks
-        per group, least recently released first; the tokens dropped per group."""
+        """[LIFE-7, BLOCK-10, BLOCK-11] Drop the keys of that many tokens' worth of cached free
+        blocks of each kind of group, least recently released first; the tokens dropped per kind."""
         self.refuse_misuse(EngineOperation.EVICT, full_tokens=full_tokens, swa_tokens=swa_tokens)
-        wanted = [pages_for(full_tokens, self.bs), pages_for(swa_tokens, self.bs)]
-        dropped = [0] * len(GROUPS)
+        wanted = {FULL: pages_for(full_tokens, self.bs), SWA: pages_for(swa_tokens, self.bs)}
+        dropped = {FULL: 0, SWA: 0}
         for block in self.pool.cached_free_blocks():
-            group = self.pool.key_of(block)[1]
-            if dropped[group] < wanted[group]:
+            kind = self.groups[self.pool.key_of(block)[1]]
+            if dropped[kind] < wanted[kind]:
                 self.pool.drop_key(block)
-                dropped[group] += 1
-        return dropped[0] * self.bs, dropped[1] * self.bs
+                dropped[kind] += 1
+        return dropped[FULL] * self.bs, dropped[SWA] * self.bs
 
     # -- observation ----------------------------------------------------------------------------
 
     def view(self) -> BlockPoolView:
         """[BLOCK-1 .. BLOCK-8] The pool as chapter 08 reads it."""
         pool = self.pool
-        requests = tuple(RequestBlocks(r.rid, tuple(tuple(r.table(g)) for g in range(len(GROUPS))), r.processed,
+        requests = tuple(RequestBlocks(r.rid, tuple(tuple(r.table(g)) for g in range(len(self.groups))), r.processed,
                                        r.slots) for _, r in sorted(self.requests.items()) if r.holds_tables())
-        return BlockPoolView(block_size=self.bs, window=self.window, groups=GROUPS, blocks=pool.blocks(),
+        return BlockPoolView(block_size=self.bs, window=self.window, groups=self.groups, blocks=pool.blocks(),
                              free_queue=tuple(pool.queue()), requests=requests, cache_map=pool.cache_map(),
                              replayed_map=pool.replayed_map())
 
     def request_view(self, request: BlockRequest) -> RequestView:
-        """[LIFE-2] A request's row as a two-pool engine shows it: the slot of each position
-        in its full table, the released window as its SWA cursor; no prefix tree."""
-        full = request.table(GROUPS.index(FULL))
+        """[LIFE-2, BLOCK-11] A request's row as a two-pool engine shows it: the slot of each
+        position in its first full table (its first table without one), the released window
+        of its first sliding-window table as its SWA cursor; no prefix tree."""
+        full = request.table(self.groups.index(FULL) if FULL in self.groups else 0)
         row = tuple(full[i // self.bs] * self.bs + i % self.bs for i in range(min(request.slots, len(full) * self.bs)))
-        released = null_prefix_length(tuple(request.table(GROUPS.index(SWA))))
+        released = null_prefix_length(tuple(request.table(self.groups.index(SWA)))) if SWA in self.groups else 0
         return RequestView(request.rid, row, 0, released * self.bs, request.slots, request.computed,
                            len(request.tokens), request.decode_steps, request.finished_prefill, None)
 

@@ -31,7 +31,7 @@ from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import new_pages_for_decode, new_pages_for_extend, pages_for
 from kvspec.spec.snapshot import EngineConfig, RequestView, Step, TwoPoolSnapshot, held_full_slots
 from kvspec.spec.state import HybridStateSnapshot, is_checkpoint_boundary, min_state_slots, validate_state_grid
-from kvspec.spec.window import TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
+from kvspec.spec.window import EVERY_GROUP, TWO_POOL_VERSIONS, decode_eviction_due, swa_tail_len, validate_window_config
 
 from .components import free_swa_out_of_window_slots
 from .hybrid import HybridAllocator
@@ -80,6 +80,9 @@ class TwoPoolEngine:
         if config.policy.version not in TWO_POOL_VERSIONS:
             problems.append(f"the reference implements the two-pool model ({', '.join(TWO_POOL_VERSIONS)}); "
                             f"{config.policy.version!r} is a shared block pool, checked by chapter 08's clauses")
+        if tuple(config.layout) != EVERY_GROUP:
+            problems.append(f"the two-pool model has one full and one SWA pool; a layout of other groups "
+                            f"({list(config.layout)}) is a shared block pool's (BLOCK-11)")
         if config.state_slots and config.state_slots < min_state_slots(config.max_requests):
             problems.append(f"a state pool needs at least {min_state_slots(config.max_requests)} slots for "
                             f"{config.max_requests} requests (STATE-2; got {config.state_slots})")

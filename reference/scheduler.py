@@ -48,9 +48,9 @@ from kvspec.spec.scheduler import (
     pages_alone,
 )
 from kvspec.spec.snapshot import EngineConfig
-from kvspec.spec.window import VLLM_0_33, Policy
+from kvspec.spec.window import EVERY_GROUP, VLLM_0_33, Policy
 
-from .block_pool_engine import GROUPS, BlockPoolEngine, BlockRequest
+from .block_pool_engine import BlockPoolEngine, BlockRequest
 from .scheduler_state import StateGroup
 
 
@@ -80,10 +80,10 @@ class ReferenceScheduler:
     state_class = StateGroup
 
     def __init__(self, config: SchedulerConfig, device: str = "cpu"):
-        if tuple(config.groups) not in (GROUPS, (*GROUPS, STATE)):
-            raise ValueError(f"the reference scheduler's engine has the groups {GROUPS}, and a {STATE!r} group "
+        if tuple(config.groups) not in (EVERY_GROUP, (*EVERY_GROUP, STATE)):
+            raise ValueError(f"the reference scheduler's engine has the groups {EVERY_GROUP}, and a {STATE!r} group "
                              f"after them for a model with recurrent layers; got {config.groups}: build it with "
-                             f"groups {GROUPS} or {(*GROUPS, STATE)}")
+                             f"groups {EVERY_GROUP} or {(*EVERY_GROUP, STATE)}")
         self.config = config
         self.engine = self.engine_class(engine_config(config), device)
         self.state = self.state_class(self.engine) if STATE in config.groups else None
@@ -218,7 +218,7 @@ class ReferenceScheduler:
 
     def tables(self, request: BlockRequest) -> tuple[tuple[int, ...], ...]:
         """Its table per group: the engine's attention tables, and its state table."""
-        attention = tuple(tuple(request.table(g)) for g in range(len(GROUPS)))
+        attention = tuple(tuple(request.table(g)) for g in range(len(EVERY_GROUP)))
         return (*attention, self.state.table(request.rid)) if self.state else attention
 
     def release(self, request: BlockRequest) -> None:

@@ -26,12 +26,10 @@ from .notation import Violation
 from .pages import pages_for
 from .registry import invariant
 from .snapshot import EngineConfig, EngineSnapshot, RequestView, Step, request_lengths
-from .window import VLLM_0_33, VLLM_0_33_DENSE
+from .window import EVERY_GROUP, FULL, SWA, VLLM_0_33, VLLM_0_33_DENSE
 
 NULL_BLOCK = 0
 """[BLOCK-3] The id of the null block: it stands in a table for a block the request does not hold."""
-FULL, SWA = "full", "swa"
-"""The kinds of layer group."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +119,9 @@ def real_blocks(view: BlockPoolView) -> list[Block]:
 class BlockPoolSnapshot(EngineSnapshot):
     """[OBS-1] Everything observable of a shared-block-pool engine between two operations:
     its requests (rows and cursors as a two-pool engine shows them: row[i] names the slot
-    of position i in its full-attention table, the SWA cursor is where the first block of
-    its sliding-window table that is not the null block starts) and the block pool."""
+    of position i in its first full-attention table, or its first table where the layout
+    has none; the SWA cursor is where the first block of its first sliding-window table
+    that is not the null block starts, 0 without one: BLOCK-11) and the block pool."""
 
     config: EngineConfig
     requests: tuple[RequestView, ...]
@@ -211,6 +210,48 @@ def swa_hit_run(window: int, block_size: int) -> int:
     post: (__return__ - 1) * block_size < window
     """
     return pages_for(window, block_size)
+
+
+MAX_GROUPS = 4
+"""[BLOCK-11] The most attention groups a layout has here (real models have a few)."""
+
+
+def layout_problems(layout: Sequence[str]) -> list[str]:
+    """[BLOCK-11] What is wrong with a layout of attention groups, as sentences that say
+    how to fix it; empty when it is valid.
+
+    post: (__return__ == []) == (1 <= len(layout) <= MAX_GROUPS and set(layout) <= set(EVERY_GROUP))
+    """
+    if not 1 <= len(layout) <= MAX_GROUPS or not set(layout) <= set(EVERY_GROUP):
+        return [f"layout must name 1 to {MAX_GROUPS} attention groups, each of {' or '.join(EVERY_GROUP)} "
+                f"(got {list(layout)!r})"]
+    return []
+
+
+def kind_cached(layout: Sequence[str], cached: Sequence[Sequence[bool]], kind: str, length: int) -> list[bool]:
+    """[BLOCK-11] Whether every group of `kind` caches each of a prompt's first `length`
+    blocks (`cached[g]`: whether group g caches each): a hit adopts a block in every group
+    of a kind or in none (vLLM looks groups of one spec up together). A layout without
+    the kind constrains nothing: all True.
+
+    pre: len(layout) == len(cached) and all(len(c) >= length for c in cached) and length >= 0
+    post: len(__return__) == length
+    """
+    groups = [cached[g] for g, k in enumerate(layout) if k == kind]
+    return [all(c[i] for c in groups) for i in range(length)]
+
+
+def layout_hit_blocks(layout: Sequence[str], cached: Sequence[Sequence[bool]], run: int, limit: int) -> int:
+    """[BLOCK-9, BLOCK-11] How many whole blocks a prefix hit covers in a layout:
+    `prefix_hit_blocks` over what every full-attention group and every sliding-window
+    group caches (a layout of one kind: that kind's own hit, the other constraining nothing).
+
+    pre: run >= 1 and limit >= 0 and len(layout) == len(cached) and len(set(map(len, cached))) <= 1
+    post: 0 <= __return__ <= limit
+    """
+    length = len(cached[0]) if cached else 0
+    return prefix_hit_blocks(kind_cached(layout, cached, FULL, length), kind_cached(layout, cached, SWA, length),
+                             run, limit)
 
 
 def prefix_hit_blocks(full_cached: Sequence[bool], swa_cached: Sequence[bool], run: int, limit: int) -> int:
@@ -589,3 +630,13 @@ def eviction_order_violations(previous: BlockPoolSnapshot, step: Step | None,
                                                f"{[b for b, d in zip(cached, dropped) if not d]}, some of them less "
                                                f"recently used: {cached}"))
     return found
+
+
+@invariant("BLOCK-11", "mapping")
+def layout_violations(now: BlockPoolSnapshot) -> list[Violation]:
+    """[BLOCK-11] The engine keeps the attention groups it was built with, in that order."""
+    view = now.block_pool
+    if view.groups != tuple(now.config.layout):
+        return [Violation("BLOCK-11", f"the engine's attention groups are {list(view.groups)}; it was built with "
+                                      f"the layout {list(now.config.layout)}")]
+    return []

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .accounting import AllocatorState
 from .notation import Position, SlotId, Violation
 from .outcomes import Outcome
-from .window import Policy
+from .window import EVERY_GROUP, Policy
 
 if TYPE_CHECKING:  # annotations only: both modules read this one
     from .lifecycle import EngineOperation
@@ -32,6 +32,13 @@ class EngineConfig:
     """[STATE-1] Slots of the recurrent-state pool; 0: the model has no recurrent layers."""
     state_grid: int = 1
     """[STATE-3] Checkpoints of the state are taken only at multiples of this many tokens."""
+    layout: tuple[str, ...] = EVERY_GROUP
+    """[BLOCK-11] A shared block pool's attention layer groups by group id, each "full" or
+    "swa"; the two-pool model has exactly its two pools, this default."""
+
+    def __post_init__(self):
+        if isinstance(self.layout, list):  # as a trace writes it
+            object.__setattr__(self, "layout", tuple(self.layout))
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,11 @@ BLOCK_POOL_VERSIONS = tuple(version for version in PolicyVersion if version.mode
 """The versions of the shared block pool (chapter 08)."""
 
 
-EVERY_GROUP = ("full", "swa")
-"""The group kinds of a shared block pool: `Policy.uncached_first`'s default, every group."""
+FULL, SWA = "full", "swa"
+"""The kinds of attention layer group of a shared block pool (chapter 08)."""
+EVERY_GROUP = (FULL, SWA)
+"""Every group kind: `Policy.uncached_first`'s default, and the layout of every engine of
+the two-pool model (`EngineConfig.layout`)."""
 
 
 @dataclass(frozen=True)

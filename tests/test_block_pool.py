@@ -172,8 +172,8 @@ def test_block_clauses_are_registered_engine_invariants():
     is registered under its clause, so the conformance suite runs it after every step; a
     seeded bug reaches engine_violations."""
     registered = {invariant.clause: invariant.function for invariant in INVARIANTS  # BLOCK-9, BLOCK-10:
-                  if invariant.clause.startswith("BLOCK-") and invariant.clause not in ("BLOCK-9", "BLOCK-10")}
-    # tests/test_reference_block_pool.py
+                  if invariant.clause.startswith("BLOCK-") and invariant.clause not in ("BLOCK-9", "BLOCK-10", "BLOCK-11")}
+    # tests/test_reference_block_pool.py; BLOCK-11: tests/test_group_layouts.py
     assert registered == {"BLOCK-1": pool_accounting_violations, "BLOCK-2": reference_count_violations,
                           "BLOCK-3": null_block_violations, "BLOCK-4": table_shape_violations,
                           "BLOCK-5": window_coverage_violations, "BLOCK-6": window_release_violations,

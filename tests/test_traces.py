@@ -242,7 +242,7 @@ def test_every_capability_is_derived_from_steps_or_said_why_not():
                    TraceStep("prefill_batch", {"chunks": [{"rid": "s", "chunk": 1, "token": 1}]}),
                    TraceStep("finish_batch", {"finishes": [{"rid": "s", "trim": 0}]}), TraceStep("flush", {}),
                    TraceStep("match", {"prompt": [1]})))
-    state = Trace("engine", {**state.config, "window": 6}, "x", state.steps)  # W > P, W % P = 2: at risk
+    state = Trace("engine", {**state.config, "window": 6, "layout": ["full"]}, "x", state.steps)  # W > P, W % P = 2: at risk
     scheduler = Trace("scheduler", {"page_size": 4, "window": 7, "pages": 2, "groups": ["full", "swa", "state"],
                                     "max_batch_size": 2, "max_scheduled_tokens": 8}, "x",
                       (TraceStep("submit", {"rid": "a", "prompt": [1] * 16, "max_new_tokens": 4, "outputs": [1]}),))

@@ -1,4 +1,4 @@
-"""Bugs of the reference's shared block pool (chapter 08, BLOCK-1 .. BLOCK-10), one or more
+"""Bugs of the reference's shared block pool (chapter 08, BLOCK-1 .. BLOCK-11), one or more
 per clause, the same bug classes vLLM's patched mutants model (adapters/vllm/mutants.py),
 seeded into kvspec.reference.block_pool and kvspec.reference.block_pool_engine.
 
@@ -13,8 +13,8 @@ from kvspec.adapters.reference import BLOCK_POOL_CAPABILITIES
 from kvspec.conformance.harness.declarations import Run
 from kvspec.reference.block_pool import BlockPool, KvEvent
 from kvspec.reference.block_pool_engine import BlockPoolEngine
-from kvspec.spec.block_pool import NULL_BLOCK, release_order, released_swa_blocks
-from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
+from kvspec.spec.block_pool import NULL_BLOCK, null_prefix_length, release_order, released_swa_blocks
+from kvspec.spec.window import EVERY_GROUP, SWA, VLLM_0_33, VLLM_0_33_DENSE
 
 from .seeding import Mutant, with_names
 
@@ -252,4 +252,47 @@ class RELEASE_HEAD_FIRST(SharedPoolMutant, Mutant, slug="release-head-first", en
     (BLOCK-10: not in release order)."""
 
     clause, invariant_class = "BLOCK-10", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+
+
+# -- group layouts (BLOCK-11) --------------------------------------------------------------------
+
+
+class DefaultLayoutEngine(BlockPoolEngine):
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.groups = EVERY_GROUP  # BUG: one full and one sliding-window group, whatever the layout
+
+
+class LAYOUT_IGNORED(SharedPoolMutant, Mutant, slug="layout-ignored", engine=DefaultLayoutEngine):
+    """The engine builds one full-attention and one sliding-window group whatever layout
+    it is given, as an engine that knows only the hybrid models it was first written for:
+    a full-attention-only model then keeps and releases a window it does not have. Caught
+    at the first step of an engine of another layout (BLOCK-11)."""
+
+    clause, invariant_class = "BLOCK-11", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+
+
+class FirstWindowGroupOnlyEngine(BlockPoolEngine):
+    def release_window(self, request, processed):
+        if not request.holds_tables() or SWA not in self.groups:
+            return
+        g = self.groups.index(SWA)  # BUG: only the first sliding-window group releases its window
+        table = request.table(g)
+        due = min(released_swa_blocks(processed, self.window, self.bs), len(table))
+        if due > null_prefix_length(table):
+            request.tables[g, :due] = NULL_BLOCK
+            self.pool.release(release_order((table,), (request.table(g),)), SWA in self.uncached_first)
+
+
+class FIRST_WINDOW_GROUP_ONLY(SharedPoolMutant, Mutant, slug="first-window-group-only",
+                              engine=FirstWindowGroupOnlyEngine):
+    """Only the first sliding-window group releases what left the window: a model whose
+    sliding-window layers fall into several groups (vLLM makes groups of equal size, so
+    five sliding-window layers to one full make five groups) holds every other group's
+    blocks for the whole sequence. Caught at the first allocation past the window in a
+    layout of two sliding-window groups (BLOCK-6: more held than the bound)."""
+
+    clause, invariant_class = "BLOCK-6", "window-bound"
     exposed_by = Run(page_size=4, window=6, interval=4)

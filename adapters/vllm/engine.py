@@ -1,7 +1,9 @@
 """vLLM 0.33.0's real v1 KV cache manager behind kvspec's engine tier.
 
-One `KVCacheManager` with two layer groups, full attention and sliding window, over
-one shared block pool (spec chapter 08): the block size is the page size, the pool has
+One `KVCacheManager` with the layer groups of the configuration's layout (BLOCK-11; by
+default one full-attention and one sliding-window group, `FullAttentionSpec` and
+`SlidingWindowSpec`, a group of one layer each; several groups of a kind share one spec,
+as vLLM groups a model's layers) over one shared block pool (spec chapter 08): the block size is the page size, the pool has
 as many blocks as the configuration's two pools have pages together, plus the null
 block, and vLLM's `sliding_window` is the spec's window plus one (vLLM counts the
 current token in its window, the spec counts the tokens before it).
@@ -39,7 +41,7 @@ What the manager shows, its snapshot, is view.py's.
 
 import types
 
-from kvspec.spec.block_pool import FULL, SWA
+from kvspec.spec.block_pool import FULL, SWA, layout_problems
 from kvspec.spec.block_pool_state import running_entry
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
@@ -67,6 +69,7 @@ class VllmEngine(KVCacheManagerView):
         for name in ("size_full", "size_swa"):
             if getattr(config, name) < 0 or getattr(config, name) % max(config.page_size, 1):
                 problems.append(f"{name} must be a non-negative multiple of the page size (got {getattr(config, name)})")
+        problems += layout_problems(config.layout)
         if problems:
             raise InvalidConfig("invalid engine configuration: " + "; ".join(problems))
         if config.state_slots and (config.state_grid < 1 or config.state_grid % max(config.page_size, 1)):
@@ -77,8 +80,9 @@ class VllmEngine(KVCacheManagerView):
         self.bs = bs = config.page_size
         self.num_blocks = (config.size_full + config.size_swa) // bs + 1  # + the null block
         layer = {"num_kv_heads": 1, "head_size": 8, "dtype": v.torch.float16, **self.LAYER}
-        groups = [v.KVCacheGroupSpec(["full.0"], v.FullAttentionSpec(bs, **layer)),
-                  v.KVCacheGroupSpec(["swa.0"], v.SlidingWindowSpec(bs, **layer, sliding_window=config.window + 1))]
+        specs = {FULL: v.FullAttentionSpec(bs, **layer),
+                 SWA: v.SlidingWindowSpec(bs, **layer, sliding_window=config.window + 1)}
+        groups = [v.KVCacheGroupSpec([f"{kind}.{g}"], specs[kind]) for g, kind in enumerate(config.layout)]
         self.state_bs = scheduler_bs = bs
         if config.state_slots:  # a recurrent group in align mode (prefix caching), one block per state slot more
             self.state_bs = scheduler_bs = config.state_grid  # the LCM of the groups' block sizes

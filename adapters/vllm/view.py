@@ -193,8 +193,9 @@ class KVCacheManagerView:
     def request_view(self, rid: str, req, view: BlockPoolView) -> RequestView:
         bs = self.bs
         tables = next((r.tables for r in view.requests if r.rid == rid), ((),) * len(self.groups))
-        full = tables[self.groups.index(FULL)]
-        swa = tables[self.groups.index(SWA)] if SWA in self.groups else ()  # (a scheduler of full attention only)
+        # BLOCK-11: the first full table (the first table without one), the first sliding-window table
+        full = tables[self.groups.index(FULL) if FULL in self.groups else 0]
+        swa = tables[self.groups.index(SWA)] if SWA in self.groups else ()
         slots = self.allocation[rid][1]
         row = tuple(full[i // bs] * bs + i % bs for i in range(min(slots, len(full) * bs)))
         released = next((i for i, block in enumerate(swa) if block != NULL_BLOCK), len(swa))

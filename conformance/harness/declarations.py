@@ -114,6 +114,11 @@ class Capability(Name):
     WAITING_MATCHES = ("waiting_matches", (Tier.ENGINE,),
                        "the engine offers match, a waiting request's prompt matched without admitting it (LIFE-12)",
                        "matches outside an admission; without them every match is an admission's", "a match step")
+    GROUP_LAYOUTS = ("group_layouts", (Tier.ENGINE,),
+                     "a shared block pool is built with any layout of attention groups (BLOCK-11)",
+                     "layouts other than one full and one sliding-window group in the block-pool runs (full only, "
+                     "a window only, several groups of a kind); without it every engine has the default layout",
+                     "an engine trace whose configuration has a layout")
 
     def __new__(cls, value: str, tiers: tuple[Tier, ...], meaning: str, turns_on: str, needed_by: str,
                 refines: str | None = None):

@@ -17,7 +17,8 @@ admission checkpoint over WIN-6's tail is short of a window: SGL-11), without
 `short_leaf_checkpoints` no prefill ends where its checkpoint leaves a short leaf, without
 `chunked_prefill` every prefill is one chunk, without `batched_prefill` every prefill
 step is one request's, without `batched_finish` every finish step is, without `flush` no
-run flushes, without `waiting_matches` every match is an admission's. With
+run flushes, without `waiting_matches` every match is an admission's, without
+`group_layouts` every block-pool engine has one full and one sliding-window group. With
 `shadow` (another adapter, the reference by default) every step also runs on it, and the
 observables the spec fixes must agree (differential.py).
 """
@@ -28,10 +29,18 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from kvspec.spec.models import TWO_POOL, MemoryModel, model_for
+from kvspec.spec.models import BLOCK_POOL, TWO_POOL, MemoryModel, model_for
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import min_state_slots
-from kvspec.spec.window import Policy, checkpoint_leaves_short_leaf, insert_window_at_risk, pd_checkpoint_at_risk
+from kvspec.spec.window import (
+    EVERY_GROUP,
+    FULL,
+    SWA,
+    Policy,
+    checkpoint_leaves_short_leaf,
+    insert_window_at_risk,
+    pd_checkpoint_at_risk,
+)
 
 from .declarations import Capability
 from .differential import DifferentialDriver
@@ -43,6 +52,9 @@ ALPHABET = st.integers(0, 2)
 ALL = frozenset({Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW, Capability.CHUNKED_PREFILL,
                  Capability.SHORT_LEAF_CHECKPOINTS})
 MAX_REQUESTS = 4
+LAYOUTS = (EVERY_GROUP, (FULL,), (SWA,), (FULL, SWA, SWA), (FULL, FULL, SWA))
+"""[BLOCK-11] The layouts a block-pool run draws (with `group_layouts`): one group of each
+kind, full attention only, a window only, several groups of one kind."""
 
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
@@ -65,13 +77,14 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
     class EngineMachine(RecordingMachine):
         tier = "engine"
 
-        def build_engine(self, full_pages, swa_pages, stems, max_requests=MAX_REQUESTS, spare_state_slots=None):
+        def build_engine(self, full_pages, swa_pages, stems, max_requests=MAX_REQUESTS, spare_state_slots=None,
+                         layout=EVERY_GROUP):
             # the full pool holds at least the longest request a step can grow
             full_pages = max(full_pages, (longest_prompt + 3 * W) // P + 2)
             state_slots = 0 if spare_state_slots is None else min_state_slots(max_requests) + spare_state_slots
             self.config = EngineConfig(page_size=P, window=W, size_full=full_pages * P, size_swa=swa_pages * P,
                                        max_requests=max_requests, policy=policy, state_slots=state_slots,
-                                       state_grid=G or 1)
+                                       state_grid=G or 1, layout=layout)
             note(f"make_engine({self.config})")
             self.start_example(engine_config_json(self.config))
             engine = make_engine(self.config)
@@ -90,6 +103,8 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
 
         POOLS = dict(full_pages=st.integers(4, 24), swa_pages=st.integers(3, 16),
                      stems=st.lists(st.lists(ALPHABET, min_size=P, max_size=longest_prompt), min_size=1, max_size=3))
+        if Capability.GROUP_LAYOUTS in capabilities and model.name == BLOCK_POOL.name:
+            POOLS["layout"] = st.sampled_from(LAYOUTS)
         if G is None:
             build = initialize(**POOLS)(build_engine)
         else:  # a tight state pool: at most a few unlocked checkpoints fit beside the locked ones,

@@ -65,6 +65,7 @@ def derived_needs(trace: Trace) -> tuple[Capability, ...]:
         Capability.BATCHED_FINISH: "finish_batch" in operations,
         Capability.FLUSH: "flush" in operations,
         Capability.WAITING_MATCHES: "match" in operations,
+        Capability.GROUP_LAYOUTS: engine and "layout" in config,
     }
     return tuple(capability for capability in Capability if needed.get(capability))
 

@@ -36,8 +36,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.allocator import validate_pool_config
+from kvspec.spec.block_pool import layout_problems
 from kvspec.spec.clauses import load_clauses
-from kvspec.spec.models import MemoryModel, model_of_version
+from kvspec.spec.models import BLOCK_POOL, MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.state import validate_state_grid
@@ -223,6 +224,10 @@ def engine_config_json(config: EngineConfig) -> dict[str, Any]:
     fields = {**asdict(config), "policy": policy_json(config.policy)}
     if not config.state_slots:
         del fields["state_slots"], fields["state_grid"]
+    if tuple(config.layout) == EVERY_GROUP:  # traces read as they did before layouts (BLOCK-11)
+        del fields["layout"]
+    else:
+        fields["layout"] = list(config.layout)
     return fields
 
 
@@ -319,6 +324,11 @@ def config_problems(tier: str, config: dict[str, Any]) -> list[str]:
         slots = {"size_full": config["size_full"], "size_swa": config["size_swa"]}
     if tier == "engine":
         problems += validate_window_config(config["window"], config["page_size"], Policy(**config["policy"]))
+        if "layout" in config:
+            problems += layout_problems(config["layout"])
+            if model_of_version(config["policy"]["version"]) is not BLOCK_POOL:
+                problems.append("a layout of attention groups (BLOCK-11) is a shared block pool's; the two-pool "
+                                "model has one full and one SWA pool: leave layout out")
         slots["(max_requests + 1) x (size_full + page_size)"] = \
             (config["max_requests"] + 1) * (config["size_full"] + config["page_size"])
         if config.get("state_slots"):
