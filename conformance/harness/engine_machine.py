@@ -59,10 +59,11 @@ kind, full attention only, a window only, several groups of one kind."""
 
 def engine_machine(make_engine: Callable, page_size: int, window: int, policy: Policy,
                    capabilities: Iterable[str] = ALL, observables: Iterable[str] = TWO_POOL.observables,
-                   shadow=None, model: MemoryModel = TWO_POOL, state_grid: int | None = None
-                   ) -> type[RecordingMachine]:
+                   shadow=None, model: MemoryModel = TWO_POOL, state_grid: int | None = None,
+                   layouts: tuple[tuple[str, ...], ...] = LAYOUTS) -> type[RecordingMachine]:
     """With `state_grid`, every engine has a recurrent-state pool (chapter 09) of a few
-    slots more than it must have at least, with that checkpoint grid."""
+    slots more than it must have at least, with that checkpoint grid. With `group_layouts`,
+    a block-pool engine has one of `layouts` (BLOCK-11)."""
     P, W, G = page_size, window, state_grid
     capabilities = frozenset(capabilities)
     longest_prompt = 2 * W + 4 * P
@@ -104,7 +105,7 @@ def engine_machine(make_engine: Callable, page_size: int, window: int, policy: P
         POOLS = dict(full_pages=st.integers(4, 24), swa_pages=st.integers(3, 16),
                      stems=st.lists(st.lists(ALPHABET, min_size=P, max_size=longest_prompt), min_size=1, max_size=3))
         if Capability.GROUP_LAYOUTS in capabilities and model.name == BLOCK_POOL.name:
-            POOLS["layout"] = st.sampled_from(LAYOUTS)
+            POOLS["layout"] = st.sampled_from(layouts)
         if G is None:
             build = initialize(**POOLS)(build_engine)
         else:  # a tight state pool: at most a few unlocked checkpoints fit beside the locked ones,

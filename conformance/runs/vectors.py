@@ -48,7 +48,7 @@ from kvspec.spec.window import (
 
 from ..harness.allocator_machine import allocator_machine
 from ..harness.declarations import SCHEDULER_STATE_CONFIGS, STATE_CONFIGS, Capability
-from ..harness.engine_machine import engine_machine
+from ..harness.engine_machine import LAYOUTS, engine_machine
 from ..harness.front_matter import with_front_matter
 from ..harness.protocol import Adapter, load_adapter
 from ..harness.replay import replay, with_expectations
@@ -145,8 +145,8 @@ def random_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
 
 
 def block_pool_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
-    """[BLOCK-1 .. BLOCK-10] Random lifecycles of the shared block pool, per version and
-    configuration, with no PD-decode admission."""
+    """[BLOCK-1 .. BLOCK-11] Random lifecycles of the shared block pool, per version and
+    configuration, and in every other group layout at one configuration, with no PD-decode admission."""
     traces = {}
     for version in BLOCK_POOL_VERSIONS:
         engines = reference.for_version(version)
@@ -156,6 +156,13 @@ def block_pool_lifecycles(reference: Adapter, seed: int) -> dict[str, Trace]:
             traces.update(seeded_traces("engine", machine, f"lifecycle-{version}-P{page_size}-W{window}-I{interval}",
                                         f"random lifecycle of a shared block pool, {version}, page size "
                                         f"{page_size}, window {window}", seed))
+        for layout in LAYOUTS[1:]:  # [BLOCK-11] every other layout, at one configuration
+            machine = engine_machine(engines.make_engine, 4, 6, Policy(version, 4),
+                                     {Capability.CHUNKED_PREFILL, Capability.GROUP_LAYOUTS}, engines.observables,
+                                     model=engines.model, layouts=(layout,))
+            traces.update(seeded_traces("engine", machine, f"lifecycle-{version}-P4-W6-I4-{'+'.join(layout)}",
+                                        f"random lifecycle of a shared block pool of groups {'+'.join(layout)}, "
+                                        f"{version}, page size 4, window 6", seed))
     return traces
 
 
