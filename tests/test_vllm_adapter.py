@@ -112,7 +112,7 @@ def test_a_failed_allocation_releases_the_window_first_and_conforms():
     assert (after.kv_committed_len, after.swa_evicted_seqlen) == (16, 8)
 
 
-def test_misuse_is_refused_and_pd_decode_is_not_offered():
+def test_misuse_is_refused():
     """[LIFE-1] What vLLM's manager would not notice (a decode during prefill, an unknown
     request, finishing twice) the adapter refuses, as vLLM's scheduler never asks it."""
     d = driver("vllm", 4, 6, 64, 32)
@@ -122,7 +122,33 @@ def test_misuse_is_refused_and_pd_decode_is_not_offered():
                      ("admit", {"rid": "c", "prompt": []}), ("evict", {"full_tokens": -1, "swa_tokens": 0})):
         with pytest.raises(InvalidRequest):
             getattr(d.engine, op)(*args.values())
-    assert "pd_decode" not in load_adapter("vllm").capabilities
+
+
+def test_a_pd_decode_admission_loads_the_prompt_through_the_connector_path_as_the_reference_does():
+    """[LIFE-6, OBS-3] pd_admit is vLLM's scheduler admitting a request whose prompt a KV
+    connector loads: its local hit, an allocation of the rest as external computed tokens
+    with caching delayed, and the blocks cached once loaded. Step by step what the spec
+    fixes is the reference's: a hit on a prompt already cached, the sliding-window group
+    holding blocks from the window on only, the loaded blocks a later request hits."""
+    from kvspec.conformance.harness.trace import TraceStep
+    from kvspec.reference.block_pool_engine import BlockPoolEngine
+    from kvspec.spec.models import BLOCK_POOL
+
+    config = EngineConfig(4, 6, 64, 64, 4, Policy(VLLM_0_33, 4))
+    vllm = EngineDriver(load_adapter("vllm").make_engine(config), BLOCK_POOL, frozenset(BLOCK_POOL.observables))
+    reference = EngineDriver(BlockPoolEngine(config), BLOCK_POOL, frozenset(BLOCK_POOL.observables))
+    prompt = [1, 2, 3, 1] * 5
+    for op, args in (("pd_admit", {"rid": "a", "prompt": prompt, "first_output": 7}), ("decode", {"rid": "a", "token": 8}),
+                     ("pd_admit", {"rid": "b", "prompt": [*prompt, 5], "first_output": 7}),
+                     ("finish", {"rid": "a", "trim": 0}), ("admit", {"rid": "c", "prompt": [*prompt, 6]}),
+                     ("prefill_chunk", {"rid": "c", "chunk": 4, "token": 1})):
+        assert vllm.apply(TraceStep(op, args)) == reference.apply(TraceStep(op, args)), op
+    assert swa_table(vllm, "b")[0] == ".", "the window of b's loaded prompt starts past its first block"
+    rows = {r.rid: r for r in vllm.previous.requests}
+    assert rows["b"].kv_committed_len == 21 and rows["c"].kv_committed_len == 21
+    assert "pd_decode" in load_adapter("vllm").capabilities
+    from kvspec.adapters.vllm.releases.catalog import capabilities  # members' (loading one imports its release)
+    assert "pd_decode" not in capabilities("0.17.1") and "pd_decode" in capabilities("0.18.0")
 
 
 def test_an_engine_configuration_vllm_cannot_take_is_a_clear_error():

@@ -29,12 +29,14 @@ def make_scheduler(config, retention="engine"):
 
 CAPABILITIES = (Capability.PAGE_SIZE_1, Capability.PAGE_SIZE_GT_1, Capability.PREFIX_SHARING, Capability.CHUNKED_PREFILL,
                 Capability.RECURRENT_STATE, Capability.PAGED_RECURRENT_STATE, Capability.RELEASES_STATE_AT_STOP,
-                Capability.GROUP_LAYOUTS)
+                Capability.GROUP_LAYOUTS, Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
 """recurrent_state: a Mamba group (align mode) in the same block pool (spec chapter 09,
 STATE-10..14), at every page size; a finish frees every state block the request holds.
 group_layouts: the attention groups of any layout (BLOCK-11), a Mamba group after them.
-Not pd_decode (no PD-decode pre-allocation), not swa_tail or free_groups (allocator tier
-only); the two-pool observables are not shown: one shared block pool is."""
+pd_decode: a request whose prompt's KV a KV connector loads (LIFE-6: engine.py's pd_admit);
+pd_checkpoint_keeps_window only lets those admissions be drawn at every window (I10 is the
+two-pool model's). Not swa_tail or free_groups (allocator tier only); the two-pool
+observables are not shown: one shared block pool is."""
 
 BUILT_FOR = BuiltFor("vllm", ("0.33.0", "0.34.0"), "vLLM", family="vllm@",
                      install="pip install --no-deps -r adapters/vllm/requirements.txt")

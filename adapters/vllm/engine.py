@@ -16,6 +16,7 @@ is ever in flight), as its `schedule()` and `update_from_output()` drive the man
 | admit         | `Request(...)`, `get_computed_blocks` (the prefix hit), `allocate_slots(req, 0, hit, blocks)` (adopts the hit blocks) |
 | prefill_chunk | `allocate_slots(req, n)`, then the "forward": `num_computed_tokens += n`; the last chunk appends the sampled token |
 | decode        | `allocate_slots(req, 1)`, `num_computed_tokens += 1`, `append_output_token_ids` |
+| pd_admit      | `get_computed_blocks`, `allocate_slots(req, 0, hit, blocks, num_external_computed_tokens=rest, delay_cache_blocks=True)` (a KV connector loads the rest of the prompt), then `cache_blocks(req, len(prompt))` once loaded; the first output appended |
 | finish, abort | `free(req)`                                                               |
 | retract       | `free(req)`, `num_computed_tokens = 0` (preemption); admitted again through the hit path |
 | evict         | `BlockPool.evict_blocks` of the least recently used cached free blocks, per group: vLLM evicts lazily (a cached block with no reference is already free), so an eviction only drops prefix-cache keys |
@@ -153,15 +154,18 @@ class VllmEngine(KVCacheManagerView):
     def out_of_memory(self, needed: int) -> OutOfMemory:
         return OutOfMemory("full", needed, self.pool.get_num_free_blocks())
 
-    def allocate(self, rid: str, req, new_tokens: int, hit: int = 0, hit_blocks=None) -> bool:
-        """allocate_slots as the scheduler calls it; records what ran, even when it fails
-        (the window release before the capacity check has happened: BLOCK-6)."""
-        processed = req.num_computed_tokens + hit
+    def allocate(self, rid: str, req, new_tokens: int, hit: int = 0, hit_blocks=None, external: int = 0) -> bool:
+        """allocate_slots as the scheduler calls it, with `external` tokens a KV connector
+        loads (asynchronously: their blocks are cached once the load has finished); records
+        what ran, even when it fails (the window release before the capacity check has
+        happened: BLOCK-6)."""
+        processed = req.num_computed_tokens + hit + external
         slots = self.allocation.get(rid, (0, hit))[1]
         if self.state_manager is not None:
             self.manager.new_step_starts()  # as the scheduler's schedule() starts
+        connector = {"num_external_computed_tokens": external, "delay_cache_blocks": True} if external else {}
         blocks = self.manager.allocate_slots(req, new_tokens, num_new_computed_tokens=hit,
-                                             new_computed_blocks=hit_blocks)
+                                             new_computed_blocks=hit_blocks, **connector)
         if self.state_manager is not None:
             self.run_copies()
         if blocks is None:
@@ -258,8 +262,33 @@ class VllmEngine(KVCacheManagerView):
         self.decode_steps[rid] = 0
         return None
 
-    def pd_admit(self, rid: str, prompt: list[int], first_output: int):
-        raise InvalidRequest("vLLM's KV cache manager has no PD-decode pre-allocation (capability pd_decode)")
+    def pd_admit(self, rid: str, prompt: list[int], first_output: int) -> OutOfMemory | None:
+        """[LIFE-6] PD decode, as vLLM's scheduler admits a request whose prompt's KV a KV
+        connector loads asynchronously (from 0.18.0, whose scheduler does it for every group):
+        `get_computed_blocks` (the local hit), `allocate_slots(req, 0, hit, blocks,
+        num_external_computed_tokens=<the rest of the prompt>, delay_cache_blocks=True)` (the
+        window released before the hit's end first: the sliding-window group gets blocks from
+        the window on only), `num_computed_tokens` = the prompt, and once the load has finished
+        `cache_blocks(req, len(prompt))` (`Scheduler._update_waiting_for_remote_kv`); the
+        prefill server's state arrives in the state group's running block. The request then
+        holds the first output the prefill server sampled, so nothing is recomputed (vLLM's
+        decode side, given the prompt alone, recomputes its last token instead)."""
+        self.refuse_misuse(EngineOperation.PD_ADMIT, rid=rid, prompt=prompt)
+        req = self.new_request(rid, prompt)
+        hit_blocks, hit = self.prefix_hit(req)
+        if not self.allocate(rid, req, 0, hit, hit_blocks, external=len(prompt) - hit):
+            self.manager.free(req)  # it leaves the waiting queue, as an aborted waiting request
+            return self.out_of_memory(pages_for(len(prompt), self.bs))
+        req.status = self.v.RequestStatus.RUNNING
+        req.num_computed_tokens = len(prompt)
+        self.manager.cache_blocks(req, len(prompt))  # the load has finished
+        self.requests[rid] = req
+        self.decode_steps[rid] = 0
+        self.last_entry[rid] = None
+        self.forward(rid, req, 0)  # the prefill server's state of the whole prompt
+        req.append_output_token_ids(first_output)
+        self.finished_prefill.add(rid)
+        return None
 
     def prefill_chunk(self, rid: str, chunk_len: int, token: int) -> OutOfMemory | None:
         self.refuse_misuse(EngineOperation.PREFILL_CHUNK, rid=rid, chunk=chunk_len)

@@ -33,6 +33,17 @@ GENERATIONS = {
 STATE = (Capability.RECURRENT_STATE, Capability.PAGED_RECURRENT_STATE, Capability.RELEASES_STATE_AT_STOP)
 """What a Mamba group in align mode needs; driven from 0.31.0 (the scheduler's aligned split,
 which the adapter calls, reads other attributes before it)."""
+PD = (Capability.PD_DECODE, Capability.PD_CHECKPOINT_KEEPS_WINDOW)
+"""A KV connector's loaded tokens (`allocate_slots(num_external_computed_tokens=...)`, from
+0.14.0) cached once the load has finished, for every group: from 0.18.0 (0.14.0 - 0.17.1's
+scheduler counts the loaded tokens from a single group's table, `(block_ids,) = ...`)."""
+
+
+def capabilities(release: str) -> tuple[Capability, ...]:
+    """What a member declares: the vllm adapter's, less recurrent state before 0.31.0 and PD
+    decode before 0.18.0."""
+    return tuple(c for c in CAPABILITIES if (key(release) >= (0, 31, 0) or c not in STATE)
+                 and (key(release) >= (0, 18, 0) or c not in PD))
 
 
 def retentions(release: str) -> dict[str, int | None]:
@@ -91,7 +102,7 @@ def member(release: str, suffix: str) -> type:
         memory_model="block-pool",
         # BLOCK-8: the KV events name their group from 0.20.0 (api_0_17.py)
         observables=("rows", "block_pool") + (("kv_events",) if key(release) >= (0, 20, 0) else ()),
-        capabilities=tuple(c for c in CAPABILITIES if key(release) >= (0, 31, 0) or c not in STATE),
+        capabilities=capabilities(release),
         preload=("kvspec.adapters.vllm.releases.preload",),
         built_for=BuiltFor("vllm", (release,), "vLLM"),  # its own faults are the adapter's (built_for.adapter_fault)
         make_engine=staticmethod(partial(make_engine, release=release, retention=retention))))
