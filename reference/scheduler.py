@@ -57,7 +57,8 @@ from .scheduler_state import StateGroup
 def engine_config(config: SchedulerConfig) -> EngineConfig:
     """The engine of one pool of `pages` blocks (and the null block) that a request may fill alone."""
     return EngineConfig(config.page_size, config.window, config.pages * config.page_size, 0,
-                        max_requests=config.pages, policy=Policy(VLLM_0_33))
+                        max_requests=config.pages, policy=Policy(VLLM_0_33),
+                        layout=tuple(group for group in config.groups if group != STATE))  # BLOCK-11
 
 
 @dataclass

@@ -183,7 +183,7 @@ def test_traces_of_the_two_pool_model_are_skipped_not_failed(tmp_path):
     done = subprocess.run(replay, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "lacks policy version sglang-0.5.23 (it implements vllm-0.33)" in done.stdout
-    assert "12 of 12 trace(s) replayed in full" in done.stdout
+    assert "24 of 24 trace(s) replayed in full" in done.stdout
     two_pool = tmp_path / "two-pool"
     two_pool.mkdir()
     walkthrough = vectors / "engine" / "two-pool" / "sglang-0.5.23" / "walkthrough-4.3-chunked-prefill.jsonl"

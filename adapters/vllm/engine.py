@@ -99,7 +99,7 @@ class VllmEngine(KVCacheManagerView):
         """[STATE-11] Block id -> what the state the model last wrote into it has read."""
         self.last_entry: dict[str, int | None] = {}
         """The entry of its state table each request's state was last written to (the worker reads it)."""
-        self.hasher = v.get_request_block_hasher(bs, v.sha256)
+        self.hasher = self.block_hasher()
         self.sampling = v.SamplingParams(max_tokens=MAX_TOKENS, extra_args=report_mode and {
             "kv_cache_report_mode": report_mode})  # a request option of vLLM's KV events
         self.requests: dict[str, object] = {}
@@ -124,6 +124,10 @@ class VllmEngine(KVCacheManagerView):
         """The block sizes the manager takes besides its groups': the scheduler's (their least
         common multiple) and the block hashes' (the page size)."""
         return {"scheduler_block_size": scheduler_bs, "hash_block_size": self.bs}
+
+    def block_hasher(self):
+        """The block hasher the engine gives each request (vLLM's `sha256` over the page size)."""
+        return self.v.get_request_block_hasher(self.bs, self.v.sha256)
 
     def new_request(self, rid: str, prompt: list[int]):
         """vLLM's `Request` for a prompt, with the block hasher the engine gives it."""

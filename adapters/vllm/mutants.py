@@ -355,6 +355,26 @@ class RELEASE_HEAD_FIRST(VllmMutant, slug="release-head-first"):
 # -- recurrent state (STATE-10 .. STATE-14) ----------------------------------------------------
 
 
+# -- group layouts -----------------------------------------------------------------------------
+
+
+class EVERY_GROUP_OF_THE_FIRST_SPEC(VllmMutant, slug="every-group-of-the-first-spec"):
+    """The coordinator builds every group's manager from the first group's spec: a model of
+    one full-attention and one sliding-window group gets two full-attention managers, and
+    its sliding-window layers keep every block of the sequence.
+
+    Bug class: a uniform-spec assumption surviving in a hybrid path (vLLM's manager was
+    written for one attention type per model before its hybrid coordinator; SGLang's
+    hybrid pools likewise grew out of one). Caught at the engine's build, before the
+    first step: the engine's groups are not the layout it was built with (BLOCK-11)."""
+
+    patch = Patch(COORDINATOR, "KVCacheCoordinator.__init__",
+                  "                kv_cache_spec=kv_cache_group.kv_cache_spec,\n",
+                  "                kv_cache_spec=self.kv_cache_config.kv_cache_groups[0].kv_cache_spec,\n")
+    clause, invariant_class = "BLOCK-11", "mapping"
+    exposed_by = Run(page_size=4, window=6, interval=4)
+
+
 class RETIRED_STATE_NOT_FREED(VllmMutant, slug="retired-state-not-freed", base=VLLM_DENSE):
     """In align mode `MambaManager._remove_blocks_in_range` retires the state blocks a
     request no longer needs (a hit's state, a checkpoint it cached on the way) by

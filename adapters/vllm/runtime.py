@@ -33,13 +33,15 @@ def vllm() -> types.SimpleNamespace:
         except ModuleNotFoundError:  # before 0.11.1 (adapters/vllm/releases/api_0_10.py)
             from vllm.utils import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import (
-            get_block_hash,
-            get_group_id,
-            get_request_block_hasher,
-            init_none_hash,
-            maybe_convert_block_hash,
-        )
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+        try:
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        except ImportError:  # 0.10.0: the manager hashes a request's blocks itself (releases/api_0_10_0.py)
+            get_request_block_hasher = None
+        try:
+            from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_convert_block_hash
+        except ImportError:  # before 0.10.2 a key is a named tuple (adapters/vllm/releases/api_0_10_1.py)
+            get_block_hash, get_group_id, maybe_convert_block_hash = named_key_readers()
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager, SlidingWindowManager
         from vllm.v1.kv_cache_interface import (
@@ -65,3 +67,10 @@ def vllm() -> types.SimpleNamespace:
         KVCacheGroupSpec=KVCacheGroupSpec, SlidingWindowSpec=SlidingWindowSpec, MambaSpec=MambaSpec,
         MambaManager=MambaManager, Scheduler=Scheduler, Request=Request,
         RequestStatus=RequestStatus)
+
+
+def named_key_readers():
+    """vLLM 0.10.1's readers of a prefix-cache key, `BlockHashWithGroupId(block_hash, group_id)`
+    whose `block_hash` is `BlockHash(hash_value, token_ids, extra_keys)`: its hash, its group,
+    and the hash as an integer (what its KV events carry: `get_hash_value()`)."""
+    return (lambda key: key.block_hash), (lambda key: key.group_id), (lambda block_hash: block_hash.hash_value)

@@ -1,4 +1,4 @@
-"""swa-cache-parent-null: a bug of vLLM 0.10.2 - 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
+"""swa-cache-parent-null: a bug of vLLM 0.10.0 - 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
 
     PYTHONPATH=<the folder holding vLLM's vllm/> python swa-cache-parent-null.py
 
@@ -14,12 +14,13 @@ for the KV event (`BlockPool.cache_full_blocks`) reads the hash of its parent, e
 table: the null block, which has none, and `assert parent_block.block_hash is not None` (0.13.0
 `v1/core/block_pool.py:274`) fails inside `allocate_slots`, in the engine's scheduler loop.
 0.14.0 skips null blocks there and takes the parent's hash from the request's own block hashes.
-It fails the same way on every release from 0.10.2 (the oldest kvspec's family drives) to
-0.13.0, and passes from 0.14.0 on.
+It fails the same way on every release from 0.10.0 (the oldest kvspec's family drives) to
+0.13.0, and passes from 0.14.0 on; 0.10.0 fails with KV events off too (its `cache_full_blocks`
+reads the previous block's hash whether or not it publishes an event, `v1/core/block_pool.py:137-138`).
 
 kvspec found it running `vllm@0.13.0` (quick profile, the run `engine P=16 W=5 I=4`), shrunk to
 3 steps: vectors/regressions/vllm/swa-cache-parent-null.jsonl; `kvspec bisect` on every member:
-0.10.2 - 0.13.0. kvspec's account:
+0.10.0 - 0.13.0. kvspec's account:
 docs/engines/vllm-findings.md#swa-cache-parent-null. Written by hand from that trace, with the
 calls kvspec's adapter of vLLM makes for it (adapters/vllm/engine.py); it imports vLLM, torch
 and the standard library only.
@@ -31,7 +32,7 @@ import torch
 from vllm import __version__
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.request import Request
 
@@ -39,6 +40,10 @@ try:
     from vllm.utils.hashing import sha256
 except ModuleNotFoundError:  # before 0.11.1
     from vllm.utils import sha256
+try:
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+except ImportError:  # 0.10.0: the manager hashes a request's blocks itself
+    get_request_block_hasher = None
 
 BLOCK_SIZE = 16
 WINDOW = 6  # vLLM's sliding_window: the 5 tokens before the current one, and it
@@ -57,10 +62,13 @@ manager = KVCacheManager(
         KVCacheGroupSpec(["swa.0"], SlidingWindowSpec(BLOCK_SIZE, **layer, sliding_window=WINDOW))]),
     max_model_len=7 * BLOCK_SIZE, enable_caching=True, enable_kv_cache_events=True, **sizes)
 
-# a request of 32 tokens (0.13.0 - 0.16.0 take its end-of-sequence token after pooling_params)
-takes_eos = "eos_token_id" in inspect.signature(Request).parameters
-request = Request("r1", [0] * 32, SamplingParams(max_tokens=1 << 30), None, *([None] if takes_eos else []),
-                  block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
+# a request of 32 tokens (0.10.0 - 0.10.1.1 take its multimodal inputs before the sampling parameters;
+# they and 0.13.0 - 0.16.0 take its end-of-sequence token after pooling_params: none of either here)
+parameters = inspect.signature(Request).parameters
+multimodal = [None] * 3 if "multi_modal_hashes" in parameters else []
+eos = [None] if "eos_token_id" in parameters else []
+hasher = {"block_hasher": get_request_block_hasher(BLOCK_SIZE, sha256)} if get_request_block_hasher else {}
+request = Request("r1", [0] * 32, *multimodal, SamplingParams(max_tokens=1 << 30), None, *eos, **hasher)
 blocks, hit = manager.get_computed_blocks(request)[:2]
 assert hit == 0  # nothing cached yet
 
