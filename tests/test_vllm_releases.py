@@ -3,7 +3,7 @@ and what they declare, what the shelf unpacks of a wheel, and real checks of the
 driven, a middle and the newest release.
 
 The catalog needs no vLLM. The checks need the releases installed (`python -m
-kvspec.adapters.vllm.releases install 0.10.1 0.13.0 0.14.0 0.27.0 0.34.0`); CI installs them and sets
+kvspec.adapters.vllm.releases install 0.9.2 0.13.0 0.14.0 0.27.0 0.34.0`); CI installs them and sets
 KVSPEC_REQUIRE_VLLM_RELEASES=1, which turns a missing release into a failure instead of a
 skip. The bugs found: each regression vector crashes (or violates) on the release it names
 and replays clean on the one that fixed it, and so does its standalone reproduction, which
@@ -23,7 +23,7 @@ from kvspec.conformance.harness.protocol import AdapterError, load_adapter
 from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
 
 REQUIRED = os.environ.get("KVSPEC_REQUIRE_VLLM_RELEASES") == "1"
-CHECKED = ("0.10.1", "0.27.0", "0.34.0")
+CHECKED = ("0.9.2", "0.27.0", "0.34.0")
 """The oldest release kvspec drives, one in the middle, the newest: CI's."""
 ROOT = Path(__file__).resolve().parents[1]
 BUGS = {
@@ -41,13 +41,11 @@ def require(release: str) -> None:
         pytest.skip(message)
 
 
-def test_the_releases_are_the_41_with_the_hybrid_manager_and_members_from_0_10_1():
+def test_the_releases_are_the_41_with_the_hybrid_manager_and_each_is_a_member():
     assert len(RELEASES) == 41 and RELEASES[0] == "0.9.2" and RELEASES[-1] == "0.34.0"
-    assert [release for release in RELEASES if generation(release)][0] == "0.10.1"
-    for release in RELEASES:
-        assert (release in MEMBERS) == (generation(release) is not None), release
-    with pytest.raises(AdapterError, match="vllm@0.10.0"):
-        load_adapter("vllm@0.10.0")  # not driven yet (docs/engines/vllm-releases.md): a clear error
+    assert all(generation(release) for release in RELEASES) and set(RELEASES) <= set(MEMBERS)
+    with pytest.raises(AdapterError, match="vllm@0.9.1"):
+        load_adapter("vllm@0.9.1")  # before the hybrid manager: a clear error
 
 
 def test_each_member_declares_the_retention_and_block_pool_settings_of_its_release():
@@ -85,7 +83,7 @@ def test_an_unknown_release_is_refused_with_the_releases_kvspec_covers():
 
 @pytest.mark.parametrize("release", CHECKED)
 def test_a_release_passes_the_quick_profile(tmp_path, release):
-    """0.10.1's run at page size 16 meets swa-cache-parent-null (0.10.1 - 0.13.0); the others pass."""
+    """0.9.2's run at page size 16 meets swa-cache-parent-null (0.9.2 - 0.13.0); the others pass."""
     require(release)
     report = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", f"vllm@{release}",
@@ -93,7 +91,7 @@ def test_a_release_passes_the_quick_profile(tmp_path, release):
                           cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
     runs = json.loads(report.read_text())["runs"]
     failed = {run["label"]: run["message"] for run in runs if run["verdict"] != "ok"}
-    if release == "0.10.1":
+    if release == "0.9.2":
         assert set(failed) == {"engine P=16 W=5 I=4"} and "raised AssertionError" in failed["engine P=16 W=5 I=4"]
     else:
         assert done.returncode == 0 and not failed, done.stdout[-3000:] + done.stderr[-3000:]

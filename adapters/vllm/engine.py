@@ -355,6 +355,10 @@ class VllmEngine(KVCacheManagerView):
         """vLLM's eviction of cached blocks by id (`BlockPool.evict_blocks`, from 0.13.0)."""
         self.pool.evict_blocks(block_ids)
 
+    def last_free_block(self):
+        """The free queue's last block (the one before its tail sentinel), None when none is free."""
+        return self.pool.free_block_queue.fake_free_list_tail.prev_free_block
+
     def cached_free_blocks(self) -> list:
         """The free blocks the prefix cache maps, in the free queue's order (least recently
         used first). The queue is as long as the pool and its head holds the blocks never
@@ -363,7 +367,7 @@ class VllmEngine(KVCacheManagerView):
         cached = self.pool.cached_block_hash_to_block
         missing = {block.block_id for key in cached_keys(cached) for block in cached_blocks(cached, key)
                    if block.ref_cnt == 0}
-        found, block = [], self.pool.free_block_queue.fake_free_list_tail.prev_free_block
+        found, block = [], self.last_free_block()
         while missing and block is not None and block.block_id >= 0:  # the fake head's id is -1
             if block.block_id in missing:
                 missing.discard(block.block_id)

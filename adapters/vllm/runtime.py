@@ -33,7 +33,10 @@ def vllm() -> types.SimpleNamespace:
         except ModuleNotFoundError:  # before 0.11.1 (adapters/vllm/releases/api_0_10.py)
             from vllm.utils import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import init_none_hash
+        try:
+            from vllm.v1.core.kv_cache_utils import init_none_hash
+        except ImportError:  # 0.9.2 seeds the chained hashes at import (releases/api_0_9.py)
+            init_none_hash = None
         try:
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher
         except ImportError:  # 0.10.0: the manager hashes a request's blocks itself (releases/api_0_10_0.py)
@@ -57,7 +60,8 @@ def vllm() -> types.SimpleNamespace:
                           f"`pip install --no-deps -r adapters/vllm/requirements.txt` (README, "
                           f"\"vLLM\")") from error
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    init_none_hash(sha256)  # before any Request with a block hasher is built
+    if init_none_hash is not None:
+        init_none_hash(sha256)  # before any Request with a block hasher is built
     return types.SimpleNamespace(
         torch=torch, AllBlocksCleared=AllBlocksCleared, BlockRemoved=BlockRemoved, BlockStored=BlockStored,
         SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager, get_block_hash=get_block_hash,

@@ -1,5 +1,5 @@
 """The `vllm@` family: every vLLM release with the hybrid KV cache coordinator, each with
-the prefix-cache retentions it has, from 0.10.0 (0.9.2 is not driven yet). A member
+the prefix-cache retentions it has, from 0.9.2, the first. A member
 is `vllm@<release>[+dense|+retention-0]`:
 
   vllm@0.31.0              the release as its engine runs it: from 0.29.0 the sliding-window
@@ -22,11 +22,11 @@ from kvspec.conformance.harness.families import Family, PreparedMembers
 from kvspec.spec.window import VLLM_0_33, VLLM_0_33_DENSE
 
 from .. import CAPABILITIES
-from .environment import RELEASES, SHELF
+from .environment import RELEASES, SHELF, activate
 
 GENERATIONS = {
     # first release of an API generation: the module of its engine shim (releases/api_*.py)
-    "0.10.0": "api_0_10_0", "0.10.1": "api_0_10_1", "0.10.2": "api_0_10", "0.11.0": "api_0_11", "0.12.0": "api_0_12", "0.13.0": "api_0_13", "0.17.0": "api_0_17",
+    "0.9.2": "api_0_9", "0.10.0": "api_0_10_0", "0.10.1": "api_0_10_1", "0.10.2": "api_0_10", "0.11.0": "api_0_11", "0.12.0": "api_0_12", "0.13.0": "api_0_13", "0.17.0": "api_0_17",
     "0.20.0": "api_0_20", "0.23.0": "api_0_23", "0.26.0": "api_0_26", "0.29.0": "api_0_29",
     "0.31.0": None,  # None: adapters/vllm/engine.py itself
 }
@@ -76,7 +76,7 @@ def engine_class(release: str):
 
 
 def make_engine(config, release: str, retention: int | None):
-    SHELF.activate(release)
+    activate(release)
     return engine_class(release)(config, retention=retention)
 
 
@@ -115,7 +115,7 @@ def members() -> dict[str, type]:
 
 DRIVEN = tuple(release for release in RELEASES if generation(release))
 """The releases kvspec drives (with a member each), oldest first."""
-MEMBERS = PreparedMembers(members(), lambda adapter: SHELF.activate(adapter.release))
+MEMBERS = PreparedMembers(members(), lambda adapter: activate(adapter.release))
 """Looking a member up makes its release this process's vLLM (release_shelf.py) before the
 harness starts its forkserver, whose preload activates the same release."""
 

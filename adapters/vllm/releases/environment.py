@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from ...release_shelf import OtherReleaseLoaded, ReleaseNotInstalled, Shelf
 
-__all__ = ["RELEASES", "SHELF", "ACTIVE", "OtherReleaseLoaded", "ReleaseNotInstalled"]
+__all__ = ["RELEASES", "SHELF", "ACTIVE", "activate", "OtherReleaseLoaded", "ReleaseNotInstalled"]
 
 RELEASES = ("0.9.2", "0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0",
             "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
@@ -42,3 +42,18 @@ def kept(name: str) -> bool:
 SHELF = Shelf("vllm", "vLLM", RELEASES, "KVSPEC_VLLM_RELEASES", ACTIVE,
               (Path(__file__).parents[1] / "requirements.txt", Path(__file__).with_name("requirements.txt")),
               "kvspec.adapters.vllm.releases", keeps=kept, keep_wheels=False)
+
+
+def activate(release: str) -> None:
+    """`SHELF.activate`, and what an old release needs of today's environment to import:
+    0.9.2 registers a transformers configuration (`aimv2`, for Ovis) that the transformers of
+    kvspec's environment already ships, and transformers refuses a second registration. That
+    model code is never used on the KV cache manager's paths, so in a 0.9.2 process (one
+    release per process) a registration of a taken name replaces it, as `exist_ok` asks."""
+    SHELF.activate(release)
+    if release == "0.9.2":
+        from transformers import AutoConfig
+
+        register = AutoConfig.register
+        AutoConfig.register = staticmethod(lambda model_type, config, exist_ok=False:
+                                           register(model_type, config, exist_ok=True))

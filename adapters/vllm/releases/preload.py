@@ -4,7 +4,7 @@ once. The forkserver does not yet have the parent's `sys.path` (release_shelf.py
 import os
 
 from ..runtime import vllm
-from .environment import ACTIVE, SHELF
+from .environment import ACTIVE, activate
 
-SHELF.activate(os.environ[ACTIVE])
+activate(os.environ[ACTIVE])
 vllm()

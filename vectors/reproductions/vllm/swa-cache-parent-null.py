@@ -1,4 +1,4 @@
-"""swa-cache-parent-null: a bug of vLLM 0.10.0 - 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
+"""swa-cache-parent-null: a bug of vLLM 0.9.2 - 0.13.0 (fixed in 0.14.0), shown with vLLM alone.
 
     PYTHONPATH=<the folder holding vLLM's vllm/> python swa-cache-parent-null.py
 
@@ -14,13 +14,14 @@ for the KV event (`BlockPool.cache_full_blocks`) reads the hash of its parent, e
 table: the null block, which has none, and `assert parent_block.block_hash is not None` (0.13.0
 `v1/core/block_pool.py:274`) fails inside `allocate_slots`, in the engine's scheduler loop.
 0.14.0 skips null blocks there and takes the parent's hash from the request's own block hashes.
-It fails the same way on every release from 0.10.0 (the oldest kvspec's family drives) to
-0.13.0, and passes from 0.14.0 on; 0.10.0 fails with KV events off too (its `cache_full_blocks`
+It fails the same way on every release from 0.10.0 to 0.13.0 (0.9.2, the first with a hybrid
+manager, has 0.10.0's lines, but imports only beside the transformers of its time), and it
+passes on 0.14.0 and after; 0.10.0 fails with KV events off too (its `cache_full_blocks`
 reads the previous block's hash whether or not it publishes an event, `v1/core/block_pool.py:137-138`).
 
 kvspec found it running `vllm@0.13.0` (quick profile, the run `engine P=16 W=5 I=4`), shrunk to
 3 steps: vectors/regressions/vllm/swa-cache-parent-null.jsonl; `kvspec bisect` on every member:
-0.10.0 - 0.13.0. kvspec's account:
+0.9.2 - 0.13.0. kvspec's account:
 docs/engines/vllm-findings.md#swa-cache-parent-null. Written by hand from that trace, with the
 calls kvspec's adapter of vLLM makes for it (adapters/vllm/engine.py); it imports vLLM, torch
 and the standard library only.
