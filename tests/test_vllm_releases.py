@@ -130,3 +130,21 @@ def test_a_bugs_reproduction_imports_vllm_alone_fails_where_it_shipped_and_passe
 def replay(vector: str, release: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvspec.conformance.cli", "replay", str(ROOT / vector), "--adapter",
                            f"vllm@{release}"], capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_the_history_checks_each_member_in_its_own_process_and_keeps_its_cell(tmp_path):
+    """`python -m kvspec.adapters.vllm.releases history`: the members a prefix names (one
+    here), each checked by `kvspec check` in its own process, their cells in the shard's JSON
+    with the member's own columns and every run's verdict (kvspec.conformance.runs.history)."""
+    require("0.14.0")
+    done = subprocess.run([sys.executable, "-m", "kvspec.adapters.vllm.releases", "history", "--profile", "quick",
+                           "--out", str(tmp_path), "--members", "vllm@0.14.0", "--shard", "1/1", "--seed", "0",
+                           "-n", "1"], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((tmp_path / "history-1-of-1.json").read_text())
+    (cell,) = document["cells"]
+    assert document["schema"] == "kvspec-vllm-history/1" and document["profile"] == "quick"
+    assert (cell["member"], cell["release"], cell["retention"], cell["policy_version"]) == \
+        ("vllm@0.14.0", "0.14.0", None, VLLM_0_33_DENSE)
+    assert cell["verdict"] == "ok" and len(cell["runs"]) == 7 and all(run["verdict"] == "ok" for run in cell["runs"])
+    assert (tmp_path / "reports" / "vllm-0.14.0.json").is_file()

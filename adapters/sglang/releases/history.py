@@ -18,47 +18,19 @@ beside each shard (BISECTIONS), so a `table` again replays only traces it has no
 
 import hashlib
 import json
-import subprocess
-import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from kvspec.conformance.harness.trace import TraceError, load
 from kvspec.conformance.runs.bisect import Outcome, members_of, replay_pairs
+from kvspec.conformance.runs.history import Member
+from kvspec.conformance.runs.history import history as run_history
 
 from .catalog import FAMILY, MEMBERS, key, placement
 from .environment import installed
 from .findings import FINDINGS, disagreement, explain
 
 SCHEMA = "kvspec-sglang-history/1"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """What one member's check found."""
-
-    member: str
-    release: str
-    tree: str
-    knobs: tuple[str, ...]
-    policy_version: str
-    verdict: str
-    """ok, violated, crashed, hung, or not-installed / error (the check did not report)."""
-    runs: tuple[dict, ...]
-    """Per run: label, run (its configuration: what findings read), verdict, clauses, trace,
-    trace_steps, first_failure_seconds."""
-    seconds: float
-
-
-def shard(names: list[str], spec: str | None) -> list[str]:
-    if not spec:
-        return names
-    index, _, count = spec.partition("/")
-    index, count = int(index), int(count)
-    if not 1 <= index <= count:
-        raise SystemExit(f"--shard {spec}: expected I/N with 1 <= I <= N, e.g. 2/4")
-    return names[index - 1::count]
 
 
 def chosen(prefixes: list[str] | None, defaults: bool = False) -> list[str]:
@@ -69,64 +41,19 @@ def chosen(prefixes: list[str] | None, defaults: bool = False) -> list[str]:
     return [name for name in names if not prefixes or any(name.startswith(prefix) for prefix in prefixes)]
 
 
-def check(member: str, profile: str, workers: int, out: Path, shrink_seconds: float | None = None,
-          examples: Path | None = None, seed: int | None = None) -> Cell:
-    adapter = MEMBERS.members[member.removeprefix("sglang@")]
-    cell = dict(member=member, release=adapter.release, tree=adapter.tree, knobs=adapter.knobs,
-                policy_version=adapter.policy_version)
-    if not installed(adapter.release):
-        return Cell(**cell, verdict="not-installed", runs=(), seconds=0.0)
-    name = member.replace("@", "-")
-    report, traces = out / "reports" / f"{name}.json", out / "traces" / name
-    report.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    # every distinct failure of a run, not only its first: a member's second bug is not hidden
-    command = [sys.executable, "-m", "kvspec.conformance.cli", "check", "--adapter", member, "--profile", profile,
-               "-n", str(workers), "--json", str(report), "--traces", str(traces), "--multiple-bugs"]
-    command += ["--shrink-seconds", str(shrink_seconds)] if shrink_seconds else []
-    command += ["--example-database", str(examples)] if examples else []
-    command += ["--seed", str(seed)] if seed is not None else []
-    with open(out / "reports" / f"{name}.log", "w") as log:
-        status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - started
-    if status not in (0, 1) or not report.is_file():
-        return Cell(**cell, verdict="error", runs=({"label": "check", "verdict": "error", "clauses": [],
-                                                   "message": f"exit status {status}; see {log.name}"},), seconds=seconds)
-    found = json.loads(report.read_text())
-    fields = ("label", "run", "verdict", "clauses", "message", "trace", "trace_steps", "first_failure_seconds")
-    # a run's further failures are entries of their own, marked `also`: each is explained on its own
-    runs = tuple({field: each.get(field) for field in fields} | extra for run in found["runs"]
-                 for each, extra in ((run, {}), *((dict(other, label=run["label"], run=run["run"]), {"also": True})
-                                                  for other in run.get("other_failures", ()))))
-    for run in runs:  # where the shard's folder goes, its traces go: relative to it
-        if run["trace"]:
-            run["trace"] = str(Path(run["trace"]).resolve().relative_to(out.resolve()))
-    verdict = next((run["verdict"] for run in runs if run["verdict"] != "ok"), "ok")
-    return Cell(**cell, verdict=verdict, runs=runs, seconds=seconds)
+def member(name: str) -> Member:
+    """A member as the history checks it: its columns are its release, tree, knobs and policy."""
+    adapter = MEMBERS.members[name.removeprefix("sglang@")]
+    return Member(name, dict(member=name, release=adapter.release, tree=adapter.tree, knobs=adapter.knobs,
+                             policy_version=adapter.policy_version), installed(adapter.release))
 
 
 def history(profile: str, out: Path, shard_spec: str | None, members: list[str] | None, workers: int,
             defaults: bool = False, shrink_seconds: float | None = None, examples: Path | None = None,
             seed: int | None = None) -> Path:
-    """Check this shard's members one after another; `examples`: a Hypothesis example
-    database they share (point every shard at one folder). Off by default: a failure saved
-    by one release is then tried first on the next, which finds it sooner there but makes
-    the table's seconds to the first counterexample say less about a search from scratch."""
-    names = shard(chosen(members, defaults), shard_spec)
-    out.mkdir(parents=True, exist_ok=True)
-    cells = []
-    for number, member in enumerate(names, 1):
-        cell = check(member, profile, workers, out, shrink_seconds, examples, seed)
-        cells.append(cell)
-        failed = [f"{run['label']}: {', '.join(run['clauses']) or run['verdict']}" for run in cell.runs
-                  if run["verdict"] != "ok"]
-        print(f"[{number}/{len(names)}] {member}: {cell.verdict} in {cell.seconds:.0f} s"
-              + (f" ({'; '.join(failed)})" if failed else ""), flush=True)
-    suffix = f"-{shard_spec.replace('/', '-of-')}" if shard_spec else ""
-    path = out / f"history{suffix}.json"
-    path.write_text(json.dumps({"schema": SCHEMA, "profile": profile, "cells": [asdict(c) for c in cells]}, indent=1))
-    print(f"wrote {path}")
-    return path
+    """Check this shard's members one after another (kvspec.conformance.runs.history)."""
+    return run_history(map(member, chosen(members, defaults)), SCHEMA, profile, out, shard_spec, workers,
+                       shrink_seconds, examples, seed)
 
 
 # -- the table ----------------------------------------------------------------------------------
