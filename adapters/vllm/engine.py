@@ -3,10 +3,10 @@
 One `KVCacheManager` with the layer groups of the configuration's layout (BLOCK-11; by
 default one full-attention and one sliding-window group, `FullAttentionSpec` and
 `SlidingWindowSpec`, a group of one layer each; several groups of a kind share one spec,
-as vLLM groups a model's layers) over one shared block pool (spec chapter 08): the block size is the page size, the pool has
-as many blocks as the configuration's two pools have pages together, plus the null
-block, and vLLM's `sliding_window` is the spec's window plus one (vLLM counts the
-current token in its window, the spec counts the tokens before it).
+as vLLM groups a model's layers) over one shared block pool (spec chapter 08): the block
+size is the page size, the pool has as many blocks as the configuration's two pools have
+pages together, plus the null block, and vLLM's `sliding_window` is the spec's window plus
+one (vLLM counts the current token in its window, the spec counts the tokens before it).
 
 The adapter plays vLLM's scheduler in synchronous mode, one request per step (nothing
 is ever in flight), as its `schedule()` and `update_from_output()` drive the manager:
