@@ -40,15 +40,13 @@ from kvspec.spec.block_pool import (
     BlockPoolSnapshot,
     BlockPoolView,
     RequestBlocks,
-    kind_cached,
-    layout_hit_blocks,
-    layout_problems,
     null_prefix_length,
     release_order,
     released_swa_blocks,
     swa_block_cached,
     swa_hit_run,
 )
+from kvspec.spec.group_layouts import kind_cached, layout_hit_blocks, layout_problems
 from kvspec.spec.invariants import engine_violations
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, admission_match_limit, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory

@@ -58,7 +58,7 @@ def engine_config(config: SchedulerConfig) -> EngineConfig:
     """The engine of one pool of `pages` blocks (and the null block) that a request may fill alone."""
     return EngineConfig(config.page_size, config.window, config.pages * config.page_size, 0,
                         max_requests=config.pages, policy=Policy(VLLM_0_33),
-                        layout=tuple(group for group in config.groups if group != STATE))  # BLOCK-11
+                        layout=config.attention_groups)
 
 
 @dataclass
@@ -219,7 +219,7 @@ class ReferenceScheduler:
 
     def tables(self, request: BlockRequest) -> tuple[tuple[int, ...], ...]:
         """Its table per group: the engine's attention tables, and its state table."""
-        attention = tuple(tuple(request.table(g)) for g in range(len(EVERY_GROUP)))
+        attention = tuple(tuple(request.table(g)) for g in range(len(self.engine.groups)))
         return (*attention, self.state.table(request.rid)) if self.state else attention
 
     def release(self, request: BlockRequest) -> None:

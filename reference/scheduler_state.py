@@ -34,7 +34,6 @@ import torch
 from kvspec.spec.block_pool import NULL_BLOCK, BlockPoolSnapshot, PartialBlocks
 from kvspec.spec.lifecycle import admission_match_limit
 from kvspec.spec.state import advance_state, is_checkpoint_boundary, state_digest
-from kvspec.spec.window import EVERY_GROUP
 
 from .block_pool_engine import BlockPoolEngine, BlockRequest
 
@@ -46,7 +45,7 @@ class StateGroup:
         self.engine = engine
         self.pool = engine.pool
         self.bs = engine.bs
-        self.group = len(EVERY_GROUP)
+        self.group = len(engine.groups)
         """The state group's id, after the attention groups: its checkpoints' keys are (hash, group)."""
         self.digest = torch.zeros(self.pool.num_blocks, dtype=torch.int64, device=self.pool.device)
         """The state each page holds (state_digest), on the pages the group holds or caches."""
@@ -94,7 +93,7 @@ class StateGroup:
             hit, adopted, junction = self.engine.find_hit(request, blocks * self.bs)
             if hit == blocks * self.bs:
                 return hit, adopted, junction, checkpoint
-        return 0, [[] for _ in EVERY_GROUP], 0, NULL_BLOCK
+        return 0, [[] for _ in self.engine.groups], 0, NULL_BLOCK
 
     def adopt(self, request: BlockRequest, checkpoint: int) -> None:
         """A hit's checkpoint, held by the request until its first row has read it; taken

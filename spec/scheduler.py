@@ -64,6 +64,11 @@ class SchedulerConfig:
     max_scheduled_tokens: int = 64
     """Most tokens one plan computes, over its rows: a longer prompt is prefilled in chunks."""
 
+    @property
+    def attention_groups(self) -> tuple[str, ...]:
+        """Its groups but the recurrent-state one: its engine's layout (BLOCK-11)."""
+        return tuple(group for group in self.groups if group != STATE)
+
 
 def validate_scheduler_config(config: SchedulerConfig) -> list[str]:
     """[SCHED-1] What is wrong with a configuration, in words (empty when nothing is)."""

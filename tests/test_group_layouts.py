@@ -21,7 +21,8 @@ from kvspec.conformance.harness.needs import derived_needs
 from kvspec.conformance.harness.trace import TraceError, TraceStep, engine_config_json, parse
 from kvspec.reference.block_pool_engine import BlockPoolEngine
 from kvspec.reference.engine import TwoPoolEngine
-from kvspec.spec.block_pool import NULL_BLOCK, kind_cached, layout_hit_blocks, layout_problems
+from kvspec.spec.block_pool import NULL_BLOCK
+from kvspec.spec.group_layouts import kind_cached, layout_hit_blocks, layout_problems
 from kvspec.spec.models import BLOCK_POOL, model_for
 from kvspec.spec.outcomes import InvalidConfig
 from kvspec.spec.snapshot import EngineConfig

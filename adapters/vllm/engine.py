@@ -42,8 +42,9 @@ What the manager shows, its snapshot, is view.py's.
 
 import types
 
-from kvspec.spec.block_pool import FULL, SWA, layout_problems
+from kvspec.spec.block_pool import FULL, SWA
 from kvspec.spec.block_pool_state import running_entry
+from kvspec.spec.group_layouts import layout_problems
 from kvspec.spec.lifecycle import EngineOperation, RunningRequest, refusal
 from kvspec.spec.outcomes import InvalidConfig, InvalidRequest, OutOfMemory
 from kvspec.spec.pages import pages_for

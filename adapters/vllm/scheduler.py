@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from kvspec.spec.outcomes import OutOfMemory
 from kvspec.spec.pages import pages_for
-from kvspec.spec.scheduler import STATE, PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView
+from kvspec.spec.scheduler import PagePool, Plan, Preempted, Preemption, Row, SchedulerConfig, SchedulerView
 from kvspec.spec.snapshot import EngineConfig
 from kvspec.spec.window import VLLM_0_33, Policy
 
@@ -71,7 +71,7 @@ class SchedulerMemory(KVCacheManagerView):
         self.v = vllm()
         self.config = EngineConfig(config.page_size, config.window, config.pages * config.page_size, 0,
                                    config.max_batch_size, Policy(VLLM_0_33),
-                                   layout=tuple(group for group in config.groups if group != STATE))  # BLOCK-11
+                                   layout=config.attention_groups)
         """One pool of `pages` blocks: the engine tier's pools are sized apart, here it is all one."""
         self.bs = self.state_bs = config.page_size
         self.num_blocks = config.pages + 1

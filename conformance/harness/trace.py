@@ -36,8 +36,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvspec.spec.allocator import validate_pool_config
-from kvspec.spec.block_pool import layout_problems
 from kvspec.spec.clauses import load_clauses
+from kvspec.spec.group_layouts import layout_problems
 from kvspec.spec.models import BLOCK_POOL, MemoryModel, model_of_version
 from kvspec.spec.scheduler import SchedulerConfig, validate_scheduler_config
 from kvspec.spec.snapshot import EngineConfig

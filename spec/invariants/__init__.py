@@ -9,7 +9,8 @@ Importing this package imports every module that registers one, in chapter order
   tree.py        [I11-I14] locks, ledgers, tree structure, eviction (and LIFE-12, a
                  match's own check, which the driver applies after a match)
   atomicity.py   [I15]     a failed step changes nothing (any memory model)
-  ../block_pool.py [BLOCK-1..8] one shared block pool (chapter 08)
+  ../block_pool.py [BLOCK-1..10] one shared block pool (chapter 08)
+  ../group_layouts.py [BLOCK-11] its layouts of attention groups (chapter 08)
   ../state.py    [STATE-1..9] recurrent state (chapter 09)
   ../block_pool_state.py [STATE-10..14] recurrent state in a shared block pool (chapter 09)
   ../scheduler.py [SCHED-2..8] the plans of a scheduler (chapter 10)
@@ -19,7 +20,7 @@ read such snapshots; `engine_violations` checks one step of any engine against e
 invariant of its model.
 """
 
-from .. import block_pool, block_pool_state, scheduler, state  # noqa: F401 - register BLOCK-1..8, STATE-1..14, SCHED-2..8
+from .. import block_pool, block_pool_state, group_layouts, scheduler, state  # noqa: F401 - register BLOCK-1..11, STATE-1..14, SCHED-2..8
 from ..notation import Violation
 from ..registry import REGISTERED, Invariant, violations
 from ..snapshot import EngineSnapshot, Step

@@ -26,7 +26,8 @@ from .environment import RELEASES, SHELF, activate
 
 GENERATIONS = {
     # first release of an API generation: the module of its engine shim (releases/api_*.py)
-    "0.9.2": "api_0_9", "0.10.0": "api_0_10_0", "0.10.1": "api_0_10_1", "0.10.2": "api_0_10", "0.11.0": "api_0_11", "0.12.0": "api_0_12", "0.13.0": "api_0_13", "0.17.0": "api_0_17",
+    "0.9.2": "api_0_9", "0.10.0": "api_0_10_0", "0.10.1": "api_0_10_1", "0.10.2": "api_0_10", "0.11.0": "api_0_11",
+    "0.12.0": "api_0_12", "0.13.0": "api_0_13", "0.17.0": "api_0_17",
     "0.20.0": "api_0_20", "0.23.0": "api_0_23", "0.26.0": "api_0_26", "0.29.0": "api_0_29",
     "0.31.0": None,  # None: adapters/vllm/engine.py itself
 }
