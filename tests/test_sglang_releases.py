@@ -200,6 +200,31 @@ def test_the_rust_cores_crash_forms_of_the_short_rematch_are_explained_only_wher
         assert (explain(c, c["runs"][0]) == "checkpoint-short-rematch") == explained, (message, release)
 
 
+def test_the_rust_cores_forms_of_the_pd_bugs_are_told_apart_by_knob_window_and_words():
+    """Without the chunk release the Rust core meets the short rematch only through a PD
+    admission (0.5.19 - 0.5.22), at the windows that leave a short leaf; 0.5.19's double SWA
+    lock release shows, where no short leaf can be, as SGLang's cache_protected_len assertion."""
+    for message, release, knobs, explained in (
+            ("evict raised AssertionError: ", "0.5.20", ("no-chunk-release",), "checkpoint-short-rematch"),
+            ("after Step(operation='evict'):\n[I1] full pool: page 4 is 2 times in the free list", "0.5.19",
+             ("no-chunk-release",), "checkpoint-short-rematch"),
+            ("evict raised AssertionError: ", "0.5.23", ("no-chunk-release",), None),
+            ("prefill_batch raised AssertionError: req.kv.cache_protected_len=2, len(new_indices)=0", "0.5.19", (),
+             "pd-swa-lock-released-twice"),
+            ("prefill_chunk raised AssertionError: req.kv.cache_protected_len=4, len(new_indices)=0", "0.5.19",
+             ("no-chunk-release",), "pd-swa-lock-released-twice"),
+            ("prefill_batch raised AssertionError: req.kv.cache_protected_len=2, len(new_indices)=0", "0.5.20", (),
+             None)):
+        clauses = ["I1"] if "[I1]" in message else []
+        c = cell(release, "rust", clauses, knobs, message=message, verdict=None if clauses else "crashed")
+        if "cache_protected_len" in message:  # as the matrix met it: a window no short leaf is left at
+            c["runs"][0]["run"] = {**ENGINE_P4_W6_I4, "page_size": 2, "window": 5, "interval": 1}
+        assert explain(c, c["runs"][0]) == explained, (message, release)
+    c = cell("0.5.20", "rust", [], ("no-chunk-release",), message="evict raised AssertionError: ", verdict="crashed")
+    c["runs"][0]["run"] = {**ENGINE_P4_W6_I4, "page_size": 4, "window": 8}  # W mod P = 0: no short leaf
+    assert explain(c, c["runs"][0]) is None
+
+
 def test_an_engine_does_not_inherit_the_knobs_of_one_built_before_it_in_its_process():
     """0.5.23 copies the deprecated name of its early-unlock knob into the new one: the adapter
     clears both, or every engine after an `+early-swa-unlock` one in a process would unlock early."""

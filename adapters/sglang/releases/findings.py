@@ -120,6 +120,13 @@ FINDINGS = (
     Finding("checkpoint-short-rematch", "bug", "0.5.14", "0.5.14", None, ("python",),
             ("I4", "I2", "I3", "I1", "I5", "I10", "crashed"), by_default=(), knobs=("chunk-release", "drop-margin"),
             says=r"\[I\d+\]|^prefill_(chunk|batch) raised AssertionError: new_prefix_len="),
+    # the same PD form on the Rust core without the chunk release, whose tree cannot be walked:
+    # the pages the admission left with two owners are freed twice at a later eviction or
+    # chunk (the allocator's assertion, or I1 at the drain); each such trace of the matrix
+    # breaks I2/I3 at its admission on the Python tree of its release
+    Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("I1", "crashed"),
+            by_default=(), knobs=("no-chunk-release",), says=r"^(evict|prefill_chunk) raised AssertionError|\[I1\]",
+            runs=(Run(4, 6, 4),)),
     # PD-decode admissions are driven from 0.5.19 (catalog.pd_capabilities). The tail is the same
     # since 0.5.19, but only 0.5.23 shows the short leaf itself: before, the match after the insert
     # meets it first (checkpoint-short-rematch's PD form, above), and the bisection leaves those
@@ -130,6 +137,14 @@ FINDINGS = (
     Finding("pd-swa-lock-released-twice", "bug", "0.5.19", "0.5.19", "0.5.20", ("python",), ("I11",),
             unless=("early-swa-unlock",), says="SWA lock segment",
             vector="vectors/regressions/sglang/pd-swa-lock-released-twice.jsonl",
+            fix_calls_differ="a request's SWA lock is `req.lock_receipt` there, `req.swa_uuid_for_lock` in 0.5.19"),
+    # the same on the Rust core, whose tree cannot be walked: the lock counts go wrong unseen
+    # until a later checkpoint's match returns less than its request protects, and SGLang's
+    # own assertion fires (0.5.19 mem_cache/unified_radix_cache.py:1000); found by the matrix
+    # at every knob combination of the Rust tree
+    Finding("pd-swa-lock-released-twice", "bug", "0.5.19", "0.5.19", "0.5.20", ("rust",), ("crashed",),
+            says=r"^prefill_(chunk|batch) raised AssertionError: req\.kv\.cache_protected_len=",
+            vector="vectors/regressions/sglang/pd-swa-lock-released-twice-rust.jsonl",
             fix_calls_differ="a request's SWA lock is `req.lock_receipt` there, `req.swa_uuid_for_lock` in 0.5.19"),
     # before revive-frees-locked-full, which breaks I11 and I14 too (0.5.14) with other messages
     Finding("early-swa-unlock", "divergence", "0.5.14", "0.5.23", None, ("legacy", "python"), ("I11", "I14"),

@@ -73,6 +73,12 @@ def finding_of(trace_path: Path):
                  and (repository() / finding.vector).resolve() == trace_path.resolve()), None)
 
 
+def fixed_member(member: str, fixed_in: str) -> str:
+    """The member of the fixing release on the same tree with the same knobs."""
+    release = re.match(r"sglang@([0-9][^-+]*)", member)[1]
+    return member.replace(release, fixed_in, 1)
+
+
 def summary(check: Check) -> str:
     """The first sentence of a check's docstring: what it asserts."""
     return re.search(r'"""([^:]*):', check.source)[1].replace("\n    ", " ")
@@ -93,7 +99,7 @@ def docstring(recording: Recording, trace_path: Path, out: Path) -> str:
         if finding.fixed_in and finding.fix_calls_differ:
             verdict = (f"It fails on SGLang {release}. On {finding.fixed_in}, which fixed it, the calls differ "
                        f"({finding.fix_calls_differ}): the same trace written for it (`--member "
-                       f"sglang@{finding.fixed_in}`) passes there.")
+                       f"{fixed_member(recording.member, finding.fixed_in)}`) passes there.")
     checks = "; ".join(summary(check)[0].lower() + summary(check)[1:] for check in recording.checks)
     knobs = ", ".join(f"{name}={value}" for name, value in recording.environment.items() if value is not None)
     tree = {"legacy": "the legacy SWARadixCache", "unified": "UnifiedRadixCache with its Python tree core",
