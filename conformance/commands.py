@@ -131,6 +131,8 @@ def check(args) -> int:
         print(line, flush=True)
         if result.message:
             print("    " + result.message.replace("\n", "\n    "))
+        if result.cause:  # the message is one line (tables of findings match it): the traceback comes apart
+            print(implementation_traceback(result.cause))
         if result.trace:
             print(f"    trace ({result.trace_steps} steps): {shown(result.trace)}\n"
                   f"    replay: kvspec replay {shown(result.trace)} --adapter {result.replay_adapter or args.adapter}",
@@ -163,6 +165,15 @@ def check(args) -> int:
     for message in errors:  # what the adapter must fix, once however many runs met it
         print(f"kvspec: {message}", file=sys.stderr)
     return write_reports(report, ((args.json, "json"), (args.junit, "junit")))
+
+
+def implementation_traceback(cause: str, indent: str = "    ") -> str:
+    """What the implementation raised (RunResult.cause, Replay.cause: its traceback, the
+    engine's own files and lines last), indented under a failure's message. Without
+    Python's "Traceback" header: that word on kvspec's output means kvspec itself failed."""
+    lines = [line for line in cause.rstrip().splitlines() if line != "Traceback (most recent call last):"]
+    return "\n".join([f"{indent}the implementation raised it here (most recent call last):",
+                      *(f"{indent}  {line}" for line in lines)])
 
 
 def write_reports(report: CheckReport, outputs) -> int:
@@ -280,6 +291,9 @@ def replay_command(args) -> int:
         failures += not consumed
         finished += 1
         print(f"{'ok  ' if consumed else 'FAIL'} {names[path]}: {verdict}".replace("\n", "\n     "), flush=True)
+        if result.cause:  # one line per trace unless asked: a directory of traces stays readable
+            print(implementation_traceback(result.cause, "     ") if args.verbose else
+                  "     (--verbose shows where the implementation raised it)", flush=True)
         if picture:
             print(f"     picture: {shown(picture)}", flush=True)
         if drawing:

@@ -32,7 +32,7 @@ from .checks import (
     leak_clauses,
     raised_by_the_implementation,
 )
-from .snapshot_shape import shape_problem
+from .snapshot_shape import plain, shape_problem
 from .trace import TraceStep
 
 REFUSALS = ("free_padding_page", "free_a_free_page", "free_slot_twice", "free_full_with_live_peer",
@@ -84,7 +84,8 @@ class AllocatorDriver:
         self.outcome = Outcome.OK
         getattr(self, step.op)(**step.args)
         full, swa = self.check()
-        return {"outcome": self.outcome, "free_full_pages": full, "free_swa_pages": swa}
+        # ints, whatever integers the adapter showed (snapshot_shape.plain)
+        return plain({"outcome": self.outcome, "free_full_pages": full, "free_swa_pages": swa})
 
     def call(self, operation: str, *args, refusal: bool = False, quiet: bool = False):
         if not quiet:

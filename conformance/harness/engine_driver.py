@@ -27,6 +27,7 @@ from .checks import (
     raised_by_the_implementation,
 )
 from .protocol import PARAMETERS
+from .snapshot_shape import plain
 from .trace import TraceStep
 
 
@@ -72,7 +73,8 @@ class EngineDriver:
             outcome = Outcome.REFUSED
         else:
             outcome = self.call(step.op, step.args)
-        return self.model.fixed_observables(self.previous, outcome)  # the snapshot the step's check took
+        # the snapshot the step's check took; as ints, whatever integers the adapter showed
+        return plain(self.model.fixed_observables(self.previous, outcome))
 
     def call(self, operation: str, args: dict[str, Any]) -> Outcome:
         if self.logging:

@@ -9,6 +9,7 @@ which is then the finding) or when a later step cannot be applied.
 """
 
 import copy
+import traceback
 from dataclasses import dataclass, replace
 
 from kvspec.spec.models import model_for
@@ -37,6 +38,9 @@ class Replay:
     tally: Tally | None = None
     observed: list | None = None
     """What the implementation showed after each applied step."""
+    cause: str = ""
+    """The traceback of what the implementation raised at the failing step (a crash, a
+    refusal), or "": text, as the failure's own `__cause__` does not cross from a worker."""
 
     @property
     def conforms(self) -> bool:
@@ -111,7 +115,7 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
     try:
         driver = build_driver(trace, adapter, log)
     except StepFailure as failure:  # the fresh engine already breaks an invariant
-        return Replay(0, failure, stopped_at=0)
+        return Replay(0, failure, stopped_at=0, cause=raised(failure))
     observed = []
     divergence: tuple[int, StepFailure] | None = None  # the first step whose observables differ
     differed = ""  # how they differ there
@@ -134,7 +138,9 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
                                  ) from failure
             if isinstance(failure, StepNotApplicable) and divergence is not None:
                 break  # the implementation went another way at the divergence: that is the finding
-            return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed)
+            failure = unmarked_refusal(failure, step)
+            return Replay(index, failure, stopped_at=index, tally=driver.tally, observed=observed,
+                          cause=raised(failure))
         observed.append(now)
         if compare and divergence is None and step.expect is not None and (difference := mismatch(step.expect, now)):
             divergence = index, InvariantViolation(f"after {step}, {difference} (the spec fixes it)", ["OBS-3"])
@@ -143,6 +149,29 @@ def replay(trace: Trace, adapter: Adapter, log=lambda line: None, compare: bool 
         at, failure = divergence
         return Replay(at, failure, stopped_at=at, tally=driver.tally, observed=observed)
     return Replay(len(trace.steps), tally=driver.tally, observed=observed)
+
+
+def unmarked_refusal(failure: StepFailure, step) -> StepFailure:
+    """[LIFE-1] A refusal, at a step the trace neither marks refused nor records an
+    expectation for, of a call the lifecycle allows: worded for the trace that is then the
+    likely cause (one written by hand, where a misuse lacks `"refuse": true`), not only for
+    the engine. The clause stays LIFE-1: the spec requires the step accepted either way.
+    Any other failure is returned as it is."""
+    if (step.refuse or step.expect is not None or step.op == "drain" or not isinstance(failure, InvariantViolation)
+            or failure.clauses != ("LIFE-1",) or not isinstance(failure.__cause__, InvalidRequest)):
+        return failure
+    reworded = InvariantViolation(
+        f"{step.op} was refused ({failure.__cause__}), but the trace does not mark this step \"refuse\": true, so "
+        f"replay expected it to be accepted: the lifecycle allows it in the state the engine showed before it. "
+        f"If the step is meant as a misuse the engine must refuse, mark it \"refuse\": true in the trace (replay "
+        f"then says whether the lifecycle forbids it); else the engine refused a step it must accept", ["LIFE-1"])
+    reworded.__cause__ = failure.__cause__
+    return reworded
+
+
+def raised(failure: StepFailure) -> str:
+    """The traceback of what the implementation raised under `failure`, or "" (Replay.cause)."""
+    return "".join(traceback.format_exception(failure.__cause__)) if failure.__cause__ is not None else ""
 
 
 def trace_fault(trace: Trace, index: int, observed: list) -> str | None:

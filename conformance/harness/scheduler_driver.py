@@ -50,6 +50,7 @@ from .checks import (
     Tally,
     raised_by_the_implementation,
 )
+from .snapshot_shape import plain
 from .trace import TraceStep
 
 
@@ -131,7 +132,7 @@ class SchedulerDriver:
             self.abort(args["rid"])
         elif step.op == "drain":
             self.drain()
-        return observables(self.previous)
+        return plain(observables(self.previous))  # ints, as the adapter's may not be
 
     def submit(self, rid: str, prompt: list[int], max_new_tokens: int, outputs: list[int]):
         if rid in self.ledger or rid in self.outputs:

@@ -90,3 +90,23 @@ def wrong(value: Any, annotation: Any, where: str) -> str:
     shown = shown if len(shown) <= MAX_PROBLEM else shown[:MAX_PROBLEM] + "..."
     return f"{where} is {'None' if value is None else f'{described(type(value))} ({shown})'}, " \
            f"not {described(annotation)}"
+
+
+def plain(value: Any) -> Any:
+    """`value` with every integer of another type (numpy's np.int64: any numbers.Integral
+    but bool) an int, in the tuples, lists and dicts it holds; `value` itself where it holds
+    none. The observables a driver hands on (free counts, request lengths: what a trace's
+    `expect` records and a replay compares) are read through this, so that a trace can be
+    written as JSON and a difference reads `expected 13, observed 12`, never
+    `np.int64(12)`. A whole snapshot is not: a walk of it costs more than taking it
+    (measured 150-900 us a step); checks.plain_numbers writes a failure's message plainly."""
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or kind is float or value is None:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if kind is tuple or kind is list:
+        return kind(plain(item) for item in value)
+    if kind is dict:
+        return {plain(key): plain(item) for key, item in value.items()}
+    return value

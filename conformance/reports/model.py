@@ -39,7 +39,9 @@ TIERS = ("allocator", "engine", "scheduler")
 VERDICTS = ("ok", "violated", "crashed", "hung", "error")
 """error: the adapter could not build the implementation of this run (an AdapterError in
 its worker), or its own code failed reading the engine (an attribute gone, a signature
-changed: harness/built_for.adapter_fault); the other runs' verdicts stand."""
+changed: harness/built_for.adapter_fault), or the implementation is not deterministic (the
+same steps ran differently: runs/runner.nondeterministic), so nothing it did can be
+searched or replayed; the other runs' verdicts stand."""
 FAILED = ("violated", "crashed", "hung")
 """The verdicts that are a failure of the implementation (exit status 1)."""
 INTERRUPTS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}

@@ -31,6 +31,7 @@ from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.spec.scheduler import SchedulerConfig
@@ -199,7 +200,37 @@ def save(trace: Trace, job: Job, adapter: Adapter) -> tuple[str | None, str]:
     except Exception:  # noqa: BLE001 - what the replay raised is the failure being saved: it did not reproduce
         reproduced = False
     return path, "" if reproduced else ("\n(replaying the saved trace did not reproduce this failure: the "
-                                        "implementation is not deterministic?)")
+                                        "implementation is not deterministic? " + DETERMINISTIC + ")")
+
+
+DETERMINISTIC = ("An implementation must be deterministic: the same calls give the same outcomes. Give it a clock "
+                 "the adapter advances (a step counter, not time.monotonic() or time.time()), seed its random "
+                 "numbers, and break ties (equal timestamps, equal priorities) by block or page id, never by id() "
+                 "or a set's order: docs/writing-an-adapter.md, \"Deterministic, or it cannot be checked\"")
+"""How to make an implementation deterministic, said wherever a run shows it is not."""
+
+
+def nondeterminism(error: BaseException) -> Flaky | None:
+    """Hypothesis' word that the same choices did not run alike (Flaky: FlakyStrategyDefinition,
+    "Inconsistent data generation", where the steps a machine drew depend on outcomes that
+    changed; FlakyFailure, where a failure did not happen again), in `error` or, with several
+    bugs reported, in its group; None where it gave none. Every rule of a machine draws from
+    what the implementation showed, so this is the implementation's nondeterminism."""
+    if isinstance(error, Flaky):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        return next((found for each in error.exceptions if (found := nondeterminism(each)) is not None), None)
+    return None
+
+
+def nondeterministic(flaky: Flaky) -> str:
+    """The `error` verdict's message for a run that found the implementation nondeterministic."""
+    said = str(flaky).strip().splitlines()[0] if str(flaky).strip() else ""
+    failed = leaves(flaky) if isinstance(flaky, BaseExceptionGroup) else []
+    first = f" Once, it failed: {str(failed[0]).splitlines()[0]}." if failed and str(failed[0]).strip() else ""
+    return (f"the implementation is not deterministic: the same steps gave different outcomes from one run of "
+            f"them to the next, so no counterexample can be searched for, shrunk or replayed (Hypothesis: "
+            f"{type(flaky).__name__}: {said}).{first} {DETERMINISTIC}")
 
 
 def raised_by_the_implementation(error: BaseException) -> bool:
@@ -250,6 +281,9 @@ def check_job(job: Job, journal: Journal | None = None) -> RunResult:
             raise
         machine.journal = None
         elapsed = time.perf_counter() - started
+        if (flaky := nondeterminism(error)) is not None:  # no counterexample to keep: no step replays alike
+            return job.result("error", nondeterministic(flaky), examples=machine.examples, steps=machine.steps,
+                              seconds=elapsed, **tallies(machine))
         # several distinct bugs (job.multiple_bugs) come as one group, each with its example
         first, *others = [failed(job, machine, adapter, each) for each in
                           (leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
