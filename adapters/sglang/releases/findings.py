@@ -125,7 +125,8 @@ FINDINGS = (
     # chunk (the allocator's assertion, or I1 at the drain); each such trace of the matrix
     # breaks I2/I3 at its admission on the Python tree of its release
     Finding("checkpoint-short-rematch", "bug", "0.5.19", "0.5.22", "0.5.23", ("rust",), ("I1", "crashed"),
-            by_default=(), knobs=("no-chunk-release",), says=r"^(evict|prefill_chunk) raised AssertionError|\[I1\]",
+            by_default=(), knobs=("no-chunk-release",),
+            says=r"^(evict|prefill_chunk) raised AssertionError|^finish raised AssertionError: new_prefix_len=|\[I1\]",
             runs=(Run(4, 6, 4),)),
     # PD-decode admissions are driven from 0.5.19 (catalog.pd_capabilities). The tail is the same
     # since 0.5.19, but only 0.5.23 shows the short leaf itself: before, the match after the insert
@@ -134,8 +135,10 @@ FINDINGS = (
     Finding("pd-tail-not-rounded", "bug", "0.5.23", "0.5.23", None, ("python",), ("I10",),
             says="new leaf with live SWA", vector="vectors/divergences/sglang/SGL-11.jsonl"),
     # a PD admission's checkpoint releases the SWA lock its match gave back already (found by the matrix)
+    # (with `+early-swa-unlock` as well: that knob's own I11 needs W decode batches, and a trace
+    # that breaks I11 on 0.5.19 alone along such a line is this bug's, bisected)
     Finding("pd-swa-lock-released-twice", "bug", "0.5.19", "0.5.19", "0.5.20", ("python",), ("I11",),
-            unless=("early-swa-unlock",), says="SWA lock segment",
+            says="SWA lock segment",
             vector="vectors/regressions/sglang/pd-swa-lock-released-twice.jsonl",
             fix_calls_differ="a request's SWA lock is `req.lock_receipt` there, `req.swa_uuid_for_lock` in 0.5.19"),
     # the same on the Rust core, whose tree cannot be walked: the lock counts go wrong unseen
@@ -160,6 +163,13 @@ FINDINGS = (
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.14", "0.5.15", ("legacy", "python"), ("I9",),
             unless=("drop-margin",), says="decode steps, more than",
             vector="vectors/regressions/sglang/decode-eviction-phase-margin.jsonl"),
+    # the same phase gate, in shapes that need the retention max(W, P) of 0.5.15 - 0.5.17: the
+    # matrix's I9 traces at P=4 W=6 reproduce on 0.5.14 only with its page margin dropped (its
+    # retention W + P keeps them within the bound; W = max(W, P) there), those at P=16 W=5 on no
+    # 0.5.14 member (W + P = 21, or W = 5 with the margin dropped; measured on all four members of
+    # both trees): bisected, they reproduce on exactly 0.5.15 - 0.5.17
+    Finding("decode-eviction-phase", "bug", "0.5.15", "0.5.17", "0.5.18", ("legacy", "python"), ("I9",),
+            says="decode steps, more than"),
     # the same phase gate on the chunk cache (--disable-radix-cache): maybe_evict_swa gates every
     # decode batch's eviction, whatever the cache (0.5.14 managers/schedule_batch.py:2862-2870)
     Finding("decode-eviction-phase", "bug", "0.5.14", "0.5.17", "0.5.18", ("chunk",), ("I9",),
