@@ -30,7 +30,7 @@ def leaking_engine(config):
     class Engine(ReferenceEngineAdapter):
         def admit(self, rid, prompt):
             LEAKED.append(b"\x01" * (50 << 20))
-            return super().admit(rid, prompt)
+            return self.engine.admit(rid, prompt)  # (the adapter's operations come by __getattr__, not super())
 
     return Engine(config)
 
